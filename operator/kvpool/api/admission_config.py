@@ -1,0 +1,156 @@
+"""The compiled admission config: the contract between the operator and the gateway.
+
+The operator compiles every pool, tier policy and tenant of a namespace into one
+document (stored in the ConfigMap ``kvpool-admission`` under key ``config.json``);
+the gateway enforces it per request. The gateway also runs from this file alone,
+without Kubernetes. The format is versioned (``formatVersion``) and documented in
+docs/0002-admission-config.md; a reader rejects a version it does not know.
+
+Everything here is already resolved: durations are seconds, tier order is priority
+order, API keys are SHA-256 hex digests (never the key itself).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from kvpool.api.common import LabelSelector
+
+FORMAT_VERSION = 1
+CONFIGMAP_NAME = "kvpool-admission"
+CONFIGMAP_KEY = "config.json"
+
+
+class _Compiled(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class CompiledTier(_Compiled):
+    """A tier, resolved: rank 0 is the highest priority."""
+
+    name: str
+    rank: int = Field(ge=0, description="Position in the policy; 0 is the highest priority.")
+    floor_percent: int
+    lend_percent: int
+    max_queue_wait_seconds: float
+    ttft_p95_target_seconds: float | None = None
+    engine_priority: int
+    reclaim: Literal["Wait", "Preempt"]
+
+
+class CompiledRule(_Compiled):
+    """A classification rule; all given matchers must match."""
+
+    path_prefix: str | None = None
+    host: str | None = None
+    tenant_selector: LabelSelector | None = None
+    tier: str
+
+
+class CompiledTierPolicy(_Compiled):
+    """A TierPolicy: tiers highest priority first, then the rules."""
+
+    name: str
+    tiers: list[CompiledTier]
+    classification: list[CompiledRule] = Field(default_factory=list)
+
+
+class TierAllocation(_Compiled):
+    """What one tier is guaranteed in one pool (whole pool, summed over replicas)."""
+
+    floor_tokens: int
+    floor_slots: int
+    lendable_tokens: int
+    lendable_slots: int
+
+
+class Endpoint(_Compiled):
+    """One engine replica the gateway may route to."""
+
+    name: str = Field(description="Replica id (pod name), stable for metrics.")
+    url: str = Field(description="Base URL, e.g. http://10.0.0.7:8000.")
+    ready: bool = True
+
+
+class Track(_Compiled):
+    """A revision of a pool's engine: stable or canary."""
+
+    name: Literal["stable", "canary"]
+    revision: str
+    weight: int = Field(
+        ge=0, le=100, description="Percent of eligible traffic (stable gets the rest)."
+    )
+    endpoints: list[Endpoint] = Field(default_factory=list)
+
+
+class CompiledPool(_Compiled):
+    """A ModelPool with its admission plan."""
+
+    name: str
+    served_name: str = Field(description="The OpenAI 'model' value clients send.")
+    model_version: str
+    tier_policy: str
+    max_model_len: int
+    prompt_tokens_mean: int
+    prompt_tokens_p95: int
+    output_tokens_mean: int
+    output_tokens_p95: int
+    tokenizer_path: str | None = None
+    replicas: int = Field(description="Warm replicas planned.")
+    tokens_per_replica: int = Field(description="Usable KV tokens per replica.")
+    slots_per_replica: int = Field(description="Live sequences per replica (L).")
+    total_tokens: int
+    total_slots: int
+    shared_tokens: int
+    shared_slots: int
+    tiers: dict[str, TierAllocation]
+    canary_tiers: list[str] = Field(
+        default_factory=list, description="Tiers allowed on the canary; empty means all."
+    )
+    tracks: list[Track] = Field(default_factory=list)
+    plan_ok: bool = Field(
+        default=True,
+        description="False when no plan could be made (no capacity figure): admit nothing.",
+    )
+
+
+class BudgetWindow(_Compiled):
+    """One budget window of a tenant."""
+
+    window_seconds: float
+    tokens: int
+    requests: int | None = None
+
+
+class CompiledTenant(_Compiled):
+    """A tenant, identified by the SHA-256 of its API key."""
+
+    tenant: str
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    labels: dict[str, str] = Field(default_factory=dict)
+    tier_policy: str | None = None
+    tiers: list[str]
+    limits: list[BudgetWindow] = Field(default_factory=list)
+    max_concurrency: int | None = None
+    weight: int = 1
+    over_budget: Literal["Reject", "Demote"] = "Reject"
+
+
+class AdmissionConfig(_Compiled):
+    """The whole compiled document for one namespace."""
+
+    format_version: Literal[1] = FORMAT_VERSION
+    namespace: str
+    generated_at: str | None = Field(default=None, description="RFC 3339; informational.")
+    tier_policies: list[CompiledTierPolicy] = Field(default_factory=list)
+    pools: list[CompiledPool] = Field(default_factory=list)
+    tenants: list[CompiledTenant] = Field(default_factory=list)
+
+    def to_json(self) -> str:
+        """The canonical serialised form (stable key order, for hashing and diffs)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=None)

@@ -1,0 +1,379 @@
+"""ModelPool: one model, its vLLM engine settings, its length mix and its rollout policy.
+
+The operator keeps ``status.plan.replicas`` warm engines for a pool, measures each
+engine's KV capacity in tokens, and plans how many tokens and slots each tier is
+guaranteed (see docs/0001-capacity-planning.md). A GPU holding this model is not spare
+capacity for another pool: capacity is per pool and per engine revision.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kvpool.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    Duration,
+    LocalObjectReference,
+    ObjectMeta,
+    Percent,
+    cel,
+    validations,
+)
+
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
+
+IntOrString = Annotated[
+    int | str,
+    Field(description="A quantity: an integer or a string such as '16Gi' or '500m'."),
+]
+
+
+class ModelRef(ApiModel):
+    """Which model the pool serves."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Model to load: a Hugging Face id or a path inside the engine image.",
+    )
+    served_name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./:]*$",
+        description="Name clients use in the 'model' field of OpenAI requests.",
+    )
+    version: str = Field(
+        min_length=1,
+        max_length=64,
+        description="Model version; a change is a new engine revision (rolled out as a canary).",
+    )
+    tokenizer_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "Path (inside the gateway) to the model's tokenizer.json, for exact input "
+            "token counts. Without it the gateway estimates from bytes."
+        ),
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the engine container."""
+
+    name: str = Field(
+        min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Name."
+    )
+    value: str = Field(default="", description="Value.")
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of the engine container (as in a Pod spec)."""
+
+    requests: dict[str, IntOrString] = Field(
+        default_factory=dict, description="Requested resources, e.g. cpu, memory, nvidia.com/gpu."
+    )
+    limits: dict[str, IntOrString] = Field(
+        default_factory=dict, description="Resource limits, e.g. nvidia.com/gpu: 1."
+    )
+
+
+class Toleration(ApiModel):
+    """A Pod toleration (as in a Pod spec)."""
+
+    key: str | None = Field(default=None, description="Taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint."
+    )
+
+
+class EngineSpec(ApiModel):
+    """The vLLM engine: image, arguments and placement. Any change is a new revision."""
+
+    image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE, min_length=1, description="vLLM OpenAI server image."
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra engine arguments, e.g. --gpu-memory-utilization=0.9.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Extra environment variables."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="Container resources."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the engine serves on.")
+    max_num_seqs: int = Field(
+        default=256, ge=1, le=65536, description="--max-num-seqs: most sequences in a batch."
+    )
+    max_model_len: int = Field(
+        ge=16, le=10_000_000, description="--max-model-len: most tokens of one sequence."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the engine pods must land on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the engine pods."
+    )
+
+
+class LengthDistribution(ApiModel):
+    """Mean and p95 of a token length."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.p95 >= self.mean", "p95 must be greater than or equal to mean", ".p95")
+        )
+    }
+
+    mean: int = Field(ge=1, description="Mean tokens.")
+    p95: int = Field(ge=1, description="95th percentile tokens (>= mean).")
+
+
+class Workload(ApiModel):
+    """The pool's length mix, measured from traffic."""
+
+    prompt_tokens: LengthDistribution = Field(description="Prompt (input) tokens per request.")
+    output_tokens: LengthDistribution = Field(description="Output tokens per request.")
+
+
+class CapacitySpec(ApiModel):
+    """How much warm capacity to keep and how to derive it."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "self.maxReplicas >= self.minReplicas",
+                "maxReplicas must be greater than or equal to minReplicas",
+                ".maxReplicas",
+            )
+        )
+    }
+
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest warm replicas.")
+    max_replicas: int = Field(ge=0, le=1000, description="Most warm replicas (>= minReplicas).")
+    peak_concurrency: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description=(
+            "Measured peak concurrent sequences per tier (tier name -> sequences); the "
+            "warm replica count is sized so each tier's floor holds its peak."
+        ),
+    )
+    headroom_percent: int = Field(
+        default=20, ge=0, le=1000, description="Extra capacity above the peaks, in percent."
+    )
+    kv_utilization_target: Percent = Field(
+        default=90,
+        description="Percent of measured KV tokens the plan may hand out (the rest absorbs error).",
+        json_schema_extra=validations(cel("self >= 1", "kvUtilizationTarget must be at least 1")),
+    )
+    kv_tokens_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        description="Declared KV tokens per replica, used only until a measurement exists.",
+    )
+
+
+class RolloutStep(ApiModel):
+    """One canary step: send this weight to the canary, then wait."""
+
+    weight: int = Field(ge=1, le=100, description="Percent of canary-eligible traffic (1-100).")
+    pause: Duration = Field(description="How long to hold the step while gates are assessed.")
+
+
+class RolloutGates(ApiModel):
+    """What the canary must keep relative to stable to be promoted."""
+
+    min_kv_capacity_ratio: float = Field(
+        default=0.9,
+        gt=0,
+        le=10,
+        description="Canary KV tokens per replica / stable's must be at least this.",
+    )
+    max_ttft_p95_ratio: float = Field(
+        default=1.2, ge=1, le=100, description="Canary p95 TTFT / stable's must be at most this."
+    )
+    max_preemption_rate_ratio: float = Field(
+        default=1.5,
+        ge=1,
+        le=100,
+        description="Canary preemptions per request / stable's must be at most this.",
+    )
+    min_samples: int = Field(
+        default=100, ge=1, description="Requests the canary must serve before a verdict."
+    )
+
+
+class RolloutSpec(ApiModel):
+    """How a new engine revision is rolled out."""
+
+    steps: list[RolloutStep] = Field(
+        default_factory=lambda: [
+            RolloutStep(weight=10, pause="5m"),
+            RolloutStep(weight=50, pause="10m"),
+        ],
+        max_length=16,
+        description="Canary steps in order; promotion follows the last one.",
+    )
+    gates: RolloutGates = Field(default_factory=RolloutGates, description="Promotion gates.")
+    canary_tiers: list[DnsLabel] = Field(
+        default_factory=list,
+        max_length=4,
+        description="Tiers whose traffic may go to the canary; empty means all tiers.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    on_failure: Literal["Pause", "Abort"] = Field(
+        default="Pause",
+        description="When a gate fails: Pause (hold for a human) or Abort (back to stable).",
+    )
+
+
+class ModelPoolSpec(ApiModel):
+    """Desired state of a pool of warm vLLM replicas of one model."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "self.workload.promptTokens.p95 + self.workload.outputTokens.p95 "
+                "<= self.engine.maxModelLen",
+                "a p95 prompt plus a p95 output must fit in engine.maxModelLen",
+                ".workload",
+            )
+        )
+    }
+
+    model: ModelRef = Field(description="The model served.")
+    engine: EngineSpec = Field(description="The vLLM engine.")
+    tier_policy_ref: LocalObjectReference = Field(
+        description="TierPolicy (same namespace) whose tiers share this pool."
+    )
+    workload: Workload = Field(description="The prompt/output length mix.")
+    capacity: CapacitySpec = Field(description="Warm capacity.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Canary rollout of new revisions."
+    )
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+class ReplicaStatus(ApiModel):
+    """Replica counts."""
+
+    desired: int = Field(default=0, description="Warm replicas the plan asks for.")
+    ready: int = Field(default=0, description="Engine replicas passing readiness.")
+    canary: int = Field(default=0, description="Replicas of the canary revision.")
+
+
+class MeasuredCapacity(ApiModel):
+    """KV capacity per replica the plan uses, and where it came from."""
+
+    kv_tokens_per_replica: int | None = Field(
+        default=None, description="KV tokens one replica holds (minimum over replicas)."
+    )
+    block_size: int | None = Field(default=None, description="Engine KV block size in tokens.")
+    source: Literal["Measured", "Declared", "None"] = Field(
+        default="None", description="Measured (from engine metrics), Declared (spec) or None."
+    )
+    revision: str | None = Field(default=None, description="Engine revision measured.")
+    replicas_measured: int | None = Field(default=None, description="Replicas that reported.")
+    measured_at: str | None = Field(default=None, description="When (RFC 3339).")
+
+
+class TierPlanStatus(ApiModel):
+    """The admission plan of one tier in one pool."""
+
+    name: str = Field(description="Tier name.")
+    floor_tokens: int = Field(description="KV tokens guaranteed to the tier across the pool.")
+    floor_slots: int = Field(description="Running-batch places guaranteed to the tier.")
+    lendable_tokens: int = Field(description="Part of the floor tokens others may borrow.")
+    lendable_slots: int = Field(description="Part of the floor slots others may borrow.")
+    required_replicas: int | None = Field(
+        default=None, description="Replicas this tier's peak needs at its floor."
+    )
+    capacity_short: bool = Field(
+        default=False, description="True when maxReplicas is too low for this tier's peak."
+    )
+
+
+class PlanStatus(ApiModel):
+    """The admission plan the gateway enforces."""
+
+    replicas: int = Field(description="Warm replicas.")
+    usable_kv_tokens_per_replica: int = Field(description="KV tokens per replica after target.")
+    live_sequences_per_replica: int = Field(description="Sequences one replica holds at p95.")
+    total_tokens: int = Field(description="Usable KV tokens across the warm replicas.")
+    total_slots: int = Field(description="Sequences across the warm replicas.")
+    shared_tokens: int = Field(description="Tokens reserved to no tier (go by priority).")
+    shared_slots: int = Field(description="Slots reserved to no tier (go by priority).")
+    tiers: list[TierPlanStatus] = Field(default_factory=list, description="Per tier.")
+    warnings: list[str] = Field(default_factory=list, description="Capacity-short and similar.")
+
+
+class LoadStatus(ApiModel):
+    """Live engine signals (pool-wide) at the last observation."""
+
+    kv_usage_percent: float | None = Field(default=None, description="Mean KV cache usage.")
+    running: int | None = Field(default=None, description="Sequences running.")
+    waiting: int | None = Field(default=None, description="Sequences waiting in engines.")
+    preemptions_per_second: float | None = Field(default=None, description="Preemption rate.")
+    ttft_p95_seconds: float | None = Field(default=None, description="p95 TTFT, last 5m.")
+    observed_at: str | None = Field(default=None, description="When (RFC 3339).")
+
+
+class RolloutStatus(ApiModel):
+    """State of the rollout of a new engine revision."""
+
+    phase: Literal["Stable", "Progressing", "Paused", "Aborted", "Promoted"] = Field(
+        default="Stable", description="Stable, Progressing, Paused, Aborted or Promoted."
+    )
+    stable_revision: str | None = Field(default=None, description="Revision serving by default.")
+    canary_revision: str | None = Field(default=None, description="Revision under test.")
+    step: int | None = Field(default=None, description="Index of the current step.")
+    weight: int | None = Field(default=None, description="Current canary weight (percent).")
+    step_started_at: str | None = Field(default=None, description="When the step began.")
+    message: str | None = Field(default=None, description="Last verdict, for humans.")
+
+
+class ModelPoolStatus(ApiModel):
+    """Observed state of a ModelPool."""
+
+    observed_generation: int | None = Field(
+        default=None, description="Last spec generation the operator processed."
+    )
+    phase: str | None = Field(
+        default=None, description="Pending, Ready, Degraded, RollingOut or Error, at a glance."
+    )
+    revision: str | None = Field(default=None, description="Current engine revision hash.")
+    replicas: ReplicaStatus | None = Field(default=None, description="Replica counts.")
+    capacity: MeasuredCapacity | None = Field(default=None, description="KV capacity.")
+    plan: PlanStatus | None = Field(default=None, description="The admission plan.")
+    load: LoadStatus | None = Field(default=None, description="Live load.")
+    rollout: RolloutStatus | None = Field(default=None, description="Rollout state.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+
+
+class ModelPool(ApiModel):
+    """A pool of warm vLLM replicas of one model (kvpool.dev/v1alpha1 ModelPool)."""
+
+    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="kvpool.dev/v1alpha1"
+    )
+    kind: Literal["ModelPool"] = Field(default="ModelPool", description="ModelPool")
+    metadata: ObjectMeta
+    spec: ModelPoolSpec
+    status: ModelPoolStatus | None = None
+
+
+ModelPoolName = DnsLabel

@@ -1,0 +1,135 @@
+"""TenantBudget: one tenant's identity, allowed tiers and token budgets per window.
+
+Budgets keep one tenant from occupying a tier: the gateway charges a request's
+reservation at admission and settles the real usage when the response ends. The
+TenantBudget's labels are what TierPolicy ``tenantSelector`` rules match.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kvpool.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    Duration,
+    LocalObjectReference,
+    ObjectMeta,
+    SecretKeyReference,
+    cel,
+    validations,
+)
+
+MIN_WINDOW_SECONDS = 60
+MAX_WINDOW_SECONDS = 31 * 86400
+
+# The window in seconds, in CEL. Windows use one unit (pattern below) so that CEL
+# can bound them: 1m <= window <= 31d.
+_WINDOW_SECONDS_CEL = (
+    "(self.window.endsWith('d') ? int(self.window.replace('d', '')) * 86400 : "
+    "self.window.endsWith('h') ? int(self.window.replace('h', '')) * 3600 : "
+    "self.window.endsWith('m') ? int(self.window.replace('m', '')) * 60 : "
+    "int(self.window.replace('s', '')))"
+)
+
+
+class BudgetLimit(ApiModel):
+    """A token (and optionally request) budget over a sliding window."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                f"{_WINDOW_SECONDS_CEL} >= {MIN_WINDOW_SECONDS} && "
+                f"{_WINDOW_SECONDS_CEL} <= {MAX_WINDOW_SECONDS}",
+                "window must be between 1m and 31d",
+                ".window",
+            )
+        )
+    }
+
+    window: Duration = Field(
+        pattern=r"^[1-9][0-9]{0,6}(s|m|h|d)$",
+        description="Sliding window, one unit: e.g. '1m', '1h', '1d', '30d' (1m to 31d).",
+    )
+    tokens: int = Field(
+        ge=1, description="Prompt plus output tokens the tenant may use per window (> 0)."
+    )
+    requests: int | None = Field(
+        default=None, ge=1, description="Requests the tenant may start per window (> 0)."
+    )
+
+
+class TenantBudgetSpec(ApiModel):
+    """Desired tenant identity and limits."""
+
+    tenant: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        description="Tenant id, as it appears in metrics and access logs.",
+    )
+    api_key_secret_ref: SecretKeyReference = Field(
+        description="Secret key holding the tenant's API key (only its hash leaves the operator)."
+    )
+    tier_policy_ref: LocalObjectReference | None = Field(
+        default=None,
+        description=(
+            "TierPolicy whose tiers this tenant uses. Optional when the namespace has "
+            "exactly one TierPolicy."
+        ),
+    )
+    tiers: list[DnsLabel] = Field(
+        min_length=1,
+        max_length=4,
+        description="Tiers this tenant may use.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    limits: list[BudgetLimit] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Budgets per window; windows must be unique. Empty means unlimited.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["window"],
+        },
+    )
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="Most requests of this tenant in flight at once."
+    )
+    weight: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Fair-share weight among the tenants of one tier.",
+    )
+    over_budget: Literal["Reject", "Demote"] = Field(
+        default="Reject",
+        description="Over budget: Reject (429 with Retry-After) or Demote to the next lower tier.",
+    )
+
+
+class TenantBudgetStatus(ApiModel):
+    """Observed state of a TenantBudget."""
+
+    observed_generation: int | None = Field(
+        default=None, description="Last spec generation the operator processed."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, KeyResolved and related conditions."
+    )
+
+
+class TenantBudget(ApiModel):
+    """A tenant's budgets (kvpool.dev/v1alpha1 TenantBudget)."""
+
+    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="kvpool.dev/v1alpha1"
+    )
+    kind: Literal["TenantBudget"] = Field(default="TenantBudget", description="TenantBudget")
+    metadata: ObjectMeta
+    spec: TenantBudgetSpec
+    status: TenantBudgetStatus | None = None

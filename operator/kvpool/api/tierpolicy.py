@@ -1,0 +1,162 @@
+"""TierPolicy: the 1-4 priority tiers of a namespace and how requests are classified.
+
+A tier owns a guaranteed floor (a percentage of each pool's KV tokens and admission
+slots); capacity above the floors goes to waiting requests by priority. The tier of a
+request is derived by the gateway from the endpoint and the tenant (``classification``),
+never from anything the caller sends.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kvpool.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    Duration,
+    LabelSelector,
+    ObjectMeta,
+    Percent,
+    cel,
+    validations,
+)
+
+MAX_TIERS = 4
+TOO_MANY_TIERS = (
+    "at most 4 tiers: more than four tiers becomes a policy nobody can reason about"
+)
+
+
+class Tier(ApiModel):
+    """One priority tier. Tiers are listed highest priority first."""
+
+    name: DnsLabel = Field(description="Tier name (a DNS label), unique within the policy.")
+    floor_percent: Percent = Field(
+        description=(
+            "Guaranteed share (percent) of every pool's KV tokens and admission slots. "
+            "The sum over tiers must be <= 100; the rest is shared by priority."
+        )
+    )
+    lend_percent: Percent = Field(
+        default=100,
+        description="Share (percent) of this tier's idle floor that other tiers may borrow.",
+    )
+    max_queue_wait: Duration = Field(
+        description=(
+            "A request that cannot plausibly start within this wait is rejected at once "
+            "instead of queueing past its promise."
+        )
+    )
+    ttft_p95_target: Duration | None = Field(
+        default=None, description="Target p95 time to first token, for alerts and rollout gates."
+    )
+    engine_priority: int | None = Field(
+        default=None,
+        ge=-1000,
+        le=1000,
+        description=(
+            "The vLLM request 'priority' the gateway sets (lower runs first). "
+            "Defaults to the tier's position: 0 for the first tier, 1 for the second..."
+        ),
+    )
+    reclaim: Literal["Wait", "Preempt"] = Field(
+        default="Wait",
+        description=(
+            "How the tier takes back capacity it lent: Wait for borrowers to finish, or "
+            "Preempt (let the engine preempt borrowers, which burns their recompute)."
+        ),
+    )
+
+
+class ClassificationRule(ApiModel):
+    """Maps requests to a tier; every given matcher must match. First matching rule wins."""
+
+    path_prefix: str | None = Field(
+        default=None,
+        pattern=r"^/",
+        max_length=256,
+        description="Request path prefix, e.g. /v1/chat/completions.",
+    )
+    host: str | None = Field(
+        default=None, max_length=253, description="Exact request Host (without port)."
+    )
+    tenant_selector: LabelSelector | None = Field(
+        default=None, description="Label selector on the tenant's TenantBudget labels."
+    )
+    tier: DnsLabel = Field(description="Tier assigned to matching requests.")
+
+
+class TierPolicySpec(ApiModel):
+    """Desired tiers and classification rules."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))",
+                "tier names must be unique",
+                ".tiers",
+            ),
+            cel(
+                "self.tiers.map(t, t.floorPercent).sum() <= 100",
+                "the floors of all tiers (floorPercent) must sum to at most 100",
+                ".tiers",
+            ),
+            cel(
+                "!has(self.classification) || self.classification.all(r, "
+                "self.tiers.exists(t, t.name == r.tier))",
+                "every classification rule must name a tier defined in spec.tiers",
+                ".classification",
+            ),
+        )
+    }
+
+    tiers: list[Tier] = Field(
+        min_length=1,
+        max_length=MAX_TIERS,
+        description="1 to 4 tiers, highest priority first.",
+        json_schema_extra=validations(cel("size(self) <= 4", TOO_MANY_TIERS)),
+    )
+    classification: list[ClassificationRule] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Rules mapping requests to tiers; first match wins, unmatched go to the last tier.",
+    )
+
+
+class TierPolicyStatus(ApiModel):
+    """Observed state of a TierPolicy."""
+
+    observed_generation: int | None = Field(
+        default=None, description="Last spec generation the operator processed."
+    )
+    pools: int | None = Field(default=None, description="ModelPools that reference this policy.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready and related conditions."
+    )
+
+
+class TierPolicy(ApiModel):
+    """A namespace's priority tiers (kvpool.dev/v1alpha1 TierPolicy)."""
+
+    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="kvpool.dev/v1alpha1"
+    )
+    kind: Literal["TierPolicy"] = Field(default="TierPolicy", description="TierPolicy")
+    metadata: ObjectMeta
+    spec: TierPolicySpec
+    status: TierPolicyStatus | None = None
+
+    def tier_names(self) -> list[str]:
+        """Tier names, highest priority first."""
+        return [t.name for t in self.spec.tiers]
+
+    def engine_priority(self, tier: str) -> int:
+        """The vLLM priority value for a tier (explicit, else its position)."""
+        for index, t in enumerate(self.spec.tiers):
+            if t.name == tier:
+                return t.engine_priority if t.engine_priority is not None else index
+        raise KeyError(tier)

@@ -1,0 +1,1 @@
+"""Subcommands of the ``kvpool`` CLI that work on manifests (no cluster needed)."""
