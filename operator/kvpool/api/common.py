@@ -32,7 +32,9 @@ Duration = Annotated[
     Field(
         pattern=DURATION_PATTERN,
         max_length=32,
-        description="A duration: digits and a unit (ms, s, m, h, d), e.g. '500ms', '2s', '10m', '30d'.",
+        description=(
+            "A duration: digits and a unit (ms, s, m, h, d), e.g. '500ms', '2s', '10m', '30d'."
+        ),
     ),
 ]
 DnsLabel = Annotated[
@@ -141,9 +143,7 @@ class Condition(ApiModel):
         description="CamelCase reason constant for the last transition.",
     )
     message: str = Field(default="", max_length=32768, description="Human-readable details.")
-    last_transition_time: str = Field(
-        description="When the status last changed (RFC 3339)."
-    )
+    last_transition_time: str = Field(description="When the status last changed (RFC 3339).")
     observed_generation: int | None = Field(
         default=None, ge=0, description="The spec generation this condition was computed from."
     )

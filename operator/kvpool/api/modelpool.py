@@ -86,7 +86,9 @@ class Toleration(ApiModel):
     """A Pod toleration (as in a Pod spec)."""
 
     key: str | None = Field(default=None, description="Taint key; empty with Exists matches all.")
-    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal."
+    )
     value: str | None = Field(default=None, description="Taint value for Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; empty matches all."

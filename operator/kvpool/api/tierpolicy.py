@@ -26,9 +26,7 @@ from kvpool.api.common import (
 )
 
 MAX_TIERS = 4
-TOO_MANY_TIERS = (
-    "at most 4 tiers: more than four tiers becomes a policy nobody can reason about"
-)
+TOO_MANY_TIERS = "at most 4 tiers: more than four tiers becomes a policy nobody can reason about"
 
 
 class Tier(ApiModel):
@@ -123,7 +121,9 @@ class TierPolicySpec(ApiModel):
     classification: list[ClassificationRule] = Field(
         default_factory=list,
         max_length=64,
-        description="Rules mapping requests to tiers; first match wins, unmatched go to the last tier.",
+        description=(
+            "Rules mapping requests to tiers; first match wins, unmatched go to the last tier."
+        ),
     )
 
 

@@ -1,0 +1,261 @@
+"""The capacity planner, as tables of cases (formulas: docs/0001-capacity-planning.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvpool.domain.planner import (
+    CAPACITY_UNKNOWN,
+    REPLICA_TOO_SMALL,
+    UNKNOWN_TIER,
+    ZERO_FLOOR_WITH_PEAK,
+    PlanError,
+    PoolPlan,
+    plan_pool,
+)
+from tests.builders import PoolBuilder, make_policy, make_pool, standard_policy
+
+
+def worked_example_pool() -> PoolBuilder:
+    """The pool of the docs' worked example: 8B chat, 2048+1024 p95, peaks 60/40/8."""
+    return make_pool("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8)
+
+
+def test_worked_example_from_docs() -> None:
+    plan = plan_pool(worked_example_pool().obj(), standard_policy().obj(), 200_000)
+
+    assert isinstance(plan, PoolPlan)
+    assert plan.kv_source == "Measured"
+    assert plan.usable_tokens_per_replica == 180_000
+    assert plan.live_sequences_per_replica == 58
+    assert [t.required_replicas for t in plan.tiers] == [3, 3, 2]
+    assert plan.replicas == 3
+    assert (plan.total_tokens, plan.total_slots) == (540_000, 174)
+    rows = [
+        (t.name, t.floor_tokens, t.floor_slots, t.lendable_tokens, t.lendable_slots)
+        for t in plan.tiers
+    ]
+    assert rows == [
+        ("interactive", 270_000, 87, 270_000, 87),
+        ("batch", 162_000, 52, 81_000, 26),
+        ("eval", 54_000, 17, 54_000, 17),
+    ]
+    assert (plan.shared_tokens, plan.shared_slots) == (54_000, 18)
+    assert plan.warnings == ()
+    assert not plan.capacity_short
+
+
+@dataclass(frozen=True)
+class ReplicaCase:
+    id: str
+    pool: PoolBuilder
+    kv: int | None
+    replicas: int
+    live: int
+    short_tiers: tuple[str, ...] = ()
+
+
+REPLICA_CASES = [
+    ReplicaCase("no-peaks-keeps-min", make_pool().replicas(2, 8), 200_000, 2, 58),
+    ReplicaCase(
+        "small-peak-clamped-up-to-min",
+        make_pool().replicas(4, 8).peak(interactive=1),
+        200_000,
+        4,
+        58,
+    ),
+    ReplicaCase(
+        "big-peak-clamped-down-to-max-is-short",
+        make_pool().replicas(1, 8).peak(interactive=500, batch=10),
+        200_000,
+        8,
+        58,
+        ("interactive",),
+    ),
+    ReplicaCase(
+        "exact-fit-needs-no-extra-replica",
+        # L=58, floor 50% -> 29 per replica; peak 58 with 0% headroom -> exactly 2
+        make_pool().replicas(1, 8).peak(interactive=58).capacity(headroomPercent=0),
+        200_000,
+        2,
+        58,
+    ),
+    ReplicaCase(
+        "max-num-seqs-caps-live-sequences",
+        make_pool().engine(maxNumSeqs=16).peak(interactive=40),
+        200_000,
+        # ceil(40 * 120 / (16 * 50)) = 6
+        6,
+        16,
+    ),
+    ReplicaCase(
+        "declared-capacity-used-without-measurement",
+        make_pool().capacity(kvTokensPerReplica=100_000).peak(interactive=20),
+        None,
+        # U = 90,000, L = 29, ceil(20 * 120 / (29 * 50)) = 2
+        2,
+        29,
+    ),
+    ReplicaCase(
+        "utilisation-target-shrinks-usable",
+        make_pool().capacity(kvUtilizationTarget=50).peak(interactive=20),
+        200_000,
+        # U = 100,000, L = 32, ceil(2400 / 1600) = 2
+        2,
+        32,
+    ),
+    ReplicaCase(
+        "min-replicas-zero-scales-to-zero-without-peaks",
+        make_pool().replicas(0, 4),
+        200_000,
+        0,
+        58,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", REPLICA_CASES, ids=[c.id for c in REPLICA_CASES])
+def test_warm_replicas(case: ReplicaCase) -> None:
+    plan = plan_pool(case.pool.obj(), standard_policy().obj(), case.kv)
+
+    assert isinstance(plan, PoolPlan), plan
+    assert plan.replicas == case.replicas
+    assert plan.live_sequences_per_replica == case.live
+    assert tuple(t.name for t in plan.tiers if t.capacity_short) == case.short_tiers
+    assert len(plan.warnings) == len(case.short_tiers)
+    for name in case.short_tiers:
+        assert any(name in w and "maxReplicas" in w for w in plan.warnings)
+
+
+def test_capacity_short_keeps_the_full_floor_share() -> None:
+    """Short capacity is reported; the tier's reservation is not shrunk to hide it."""
+    plan = plan_pool(
+        make_pool().replicas(1, 2).peak(interactive=500).obj(), standard_policy().obj(), 200_000
+    )
+
+    assert isinstance(plan, PoolPlan)
+    interactive = plan.tier("interactive")
+    assert interactive.capacity_short
+    assert interactive.floor_tokens == 2 * 180_000 * 50 // 100
+    assert interactive.required_replicas == 21
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    id: str
+    pool: PoolBuilder
+    kv: int | None
+    reason: str
+    message_parts: tuple[str, ...]
+
+
+ERROR_CASES = [
+    ErrorCase(
+        "no-measurement-no-declared-figure",
+        make_pool(),
+        None,
+        CAPACITY_UNKNOWN,
+        ("kvTokensPerReplica", "no KV capacity measured"),
+    ),
+    ErrorCase(
+        "replica-cannot-hold-one-p95-sequence",
+        make_pool(),
+        3_000,
+        REPLICA_TOO_SMALL,
+        ("2700 usable", "3000 x 90%", "3072", "prompt p95 2048", "output p95 1024"),
+    ),
+    ErrorCase(
+        "peak-on-a-zero-floor-tier",
+        make_pool().peak(interactive=10, idle=5),
+        200_000,
+        ZERO_FLOOR_WITH_PEAK,
+        ("'idle'", "floorPercent 0"),
+    ),
+    ErrorCase(
+        "peak-for-a-tier-the-policy-lacks",
+        make_pool().peak(premium=10),
+        200_000,
+        UNKNOWN_TIER,
+        ("'premium'", "'tiers'"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c.id for c in ERROR_CASES])
+def test_plan_errors(case: ErrorCase) -> None:
+    policy = standard_policy().tier("idle", floor=0).obj()
+
+    result = plan_pool(case.pool.obj(), policy, case.kv)
+
+    assert isinstance(result, PlanError)
+    assert result.reason == case.reason
+    for part in case.message_parts:
+        assert part in result.message
+
+
+def test_measurement_wins_over_declared_figure() -> None:
+    pool = make_pool().capacity(kvTokensPerReplica=50_000).obj()
+
+    plan = plan_pool(pool, standard_policy().obj(), 200_000)
+
+    assert isinstance(plan, PoolPlan)
+    assert (plan.kv_tokens_per_replica, plan.kv_source) == (200_000, "Measured")
+
+
+def test_status_carries_every_tier_in_policy_order() -> None:
+    plan = plan_pool(worked_example_pool().obj(), standard_policy().obj(), 200_000)
+    assert isinstance(plan, PoolPlan)
+
+    status = plan.to_status()
+
+    assert [t.name for t in status.tiers] == ["interactive", "batch", "eval"]
+    assert status.to_wire()["tiers"][0]["floorTokens"] == 270_000
+    assert status.shared_slots == 18
+
+
+@given(
+    kv=st.integers(min_value=3_500, max_value=2_000_000),
+    floors=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=4),
+    lends=st.lists(st.integers(min_value=0, max_value=100), min_size=4, max_size=4),
+    peak=st.integers(min_value=0, max_value=400),
+    bounds=st.tuples(st.integers(0, 5), st.integers(0, 20)),
+    target=st.integers(min_value=1, max_value=100),
+)
+def test_plan_invariants(
+    kv: int,
+    floors: list[int],
+    lends: list[int],
+    peak: int,
+    bounds: tuple[int, int],
+    target: int,
+) -> None:
+    """Floors never exceed the pool, lendable never exceeds a floor, R within bounds."""
+    if sum(floors) > 100:
+        floors = [f * 100 // sum(floors) for f in floors]
+    policy = make_policy()
+    for index, (floor, lend) in enumerate(zip(floors, lends, strict=False)):
+        policy.tier(f"t{index}", floor=max(floor, 1), lend=lend)
+    low, high = min(bounds), max(bounds)
+    pool = make_pool().replicas(low, high).capacity(kvUtilizationTarget=target).peak(t0=peak)
+
+    plan = plan_pool(pool.obj(), policy.obj(), kv)
+
+    if isinstance(plan, PlanError):
+        assert plan.reason == REPLICA_TOO_SMALL
+        return
+    assert low <= plan.replicas <= high
+    assert plan.shared_tokens >= 0
+    assert plan.shared_slots >= 0
+    assert sum(t.floor_tokens for t in plan.tiers) + plan.shared_tokens == plan.total_tokens
+    for tier in plan.tiers:
+        assert 0 <= tier.lendable_tokens <= tier.floor_tokens
+        assert 0 <= tier.lendable_slots <= tier.floor_slots
+    if peak and plan.replicas < high:
+        # not clamped by maxReplicas: the top tier's floor holds its peak plus headroom
+        top_floor = max(floors[0], 1)
+        held = plan.replicas * plan.live_sequences_per_replica * top_floor
+        assert held >= peak * 120  # R * L * floor% >= peak * (100 + headroom%)
