@@ -12,14 +12,14 @@ order, API keys are SHA-256 hex digests (never the key itself).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from kvpool.api.common import LabelSelector
 
-FORMAT_VERSION = 1
+FORMAT_VERSION: Final = 1
 CONFIGMAP_NAME = "kvpool-admission"
 CONFIGMAP_KEY = "config.json"
 

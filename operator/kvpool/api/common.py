@@ -11,14 +11,14 @@ Conventions (see docs/ and the Kubernetes API conventions):
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvpool.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION: Final = "kvpool.dev/v1alpha1"
 CATEGORY = "kvpool"
 
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
