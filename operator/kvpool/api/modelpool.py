@@ -199,12 +199,17 @@ class RolloutGates(ApiModel):
 
     min_kv_capacity_ratio: float = Field(
         default=0.9,
+        alias="minKVCapacityRatio",
         gt=0,
         le=10,
         description="Canary KV tokens per replica / stable's must be at least this.",
     )
     max_ttft_p95_ratio: float = Field(
-        default=1.2, ge=1, le=100, description="Canary p95 TTFT / stable's must be at most this."
+        default=1.2,
+        alias="maxTTFTP95Ratio",
+        ge=1,
+        le=100,
+        description="Canary p95 TTFT / stable's must be at most this.",
     )
     max_preemption_rate_ratio: float = Field(
         default=1.5,
