@@ -1,0 +1,1 @@
+"""The admission gateway: an OpenAI-compatible proxy enforcing the compiled admission config."""

@@ -1,0 +1,280 @@
+"""Tenant budgets: one table of cases run against the in-memory store AND a real Redis.
+
+Each case is a little script of operations at given times (seconds after a base instant
+that is a multiple of every window, so bucket boundaries are where a reader expects):
+``reserve`` (expect allow, or deny with a Retry-After), ``settle`` (a previous charge
+with its real usage) and ``usage`` (tokens counted). Both stores must agree with the
+expectations, which follow the worked examples in kvpool.domain.budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvpool.adapters.budget_store import (
+    BudgetStore,
+    BudgetUnavailable,
+    InMemoryBudgetStore,
+    RedisBudgetStore,
+    RedisDownPolicy,
+)
+from kvpool.api.admission_config import BudgetWindow
+from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny
+
+BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
+
+
+def per(window: str, tokens: int, requests: int | None = None) -> BudgetWindow:
+    seconds = {"m": 60, "h": 3600, "d": 86400}[window[-1]] * int(window[:-1])
+    return BudgetWindow(window_seconds=seconds, tokens=tokens, requests=requests)
+
+
+@dataclass(frozen=True)
+class Reserve:
+    at: float
+    tokens: int
+    retry_after: float | None = None  # None: expect allow; else deny with this Retry-After
+    never_fits: bool = False
+    tenant: str = "acme"
+
+
+@dataclass(frozen=True)
+class Settle:
+    at: float
+    charge: int  # index of the allowed reservation, in order of the case
+    actual: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    at: float
+    tokens: list[int]  # per window
+    tenant: str = "acme"
+
+
+@dataclass(frozen=True)
+class Case:
+    limits: list[BudgetWindow]
+    steps: list[Reserve | Settle | Usage] = field(default_factory=list)
+
+
+CASES = {
+    "within-budget-allows-and-counts": Case(
+        [per("1m", 1000)],
+        [Reserve(10.2, 600), Reserve(20, 300), Usage(30, [900])],
+    ),
+    "over-budget-denies-until-the-oldest-bucket-expires": Case(
+        [per("1m", 1000)],
+        [Reserve(10.2, 600), Reserve(30, 500, retry_after=41.0)],
+    ),
+    "settling-below-the-reservation-refunds": Case(
+        [per("1m", 1000)],
+        [Reserve(10.2, 600), Settle(30, 0, 150), Reserve(30, 500), Usage(30, [650])],
+    ),
+    "settling-above-the-reservation-charges-the-difference": Case(
+        [per("1m", 1000)],
+        [Reserve(5, 100), Settle(6, 0, 400), Usage(7, [400]), Reserve(8, 700, retry_after=58.0)],
+    ),
+    "a-charge-counts-for-the-whole-window-then-leaves": Case(
+        [per("1m", 1000)],
+        [Reserve(10.2, 600), Usage(70.5, [600]), Usage(71.0, [0]), Reserve(71.0, 1000)],
+    ),
+    "no-2x-burst-at-a-window-boundary": Case(
+        [per("1m", 1000)],
+        [
+            Reserve(59.5, 1000),
+            Reserve(60.5, 1, retry_after=59.5),
+            Reserve(119.9, 1, retry_after=0.1),
+            Reserve(120.0, 1000),
+        ],
+    ),
+    "a-request-larger-than-the-limit-never-fits": Case(
+        [per("1m", 1000)],
+        [Reserve(1, 1001, retry_after=60.0, never_fits=True), Usage(2, [0])],
+    ),
+    "request-count-limit": Case(
+        [per("1m", 10_000, requests=2)],
+        [Reserve(1, 1), Reserve(2, 1), Reserve(3, 1, retry_after=59.0)],
+    ),
+    "every-window-must-allow-and-the-longest-wait-wins": Case(
+        [per("1m", 1000), per("1h", 1500)],
+        [
+            Reserve(0, 900),
+            Reserve(70, 500),
+            Reserve(140, 500, retry_after=3660.0 - 140),
+            Usage(140, [0, 1400]),
+        ],
+    ),
+    "settling-a-charge-that-left-the-window-changes-nothing": Case(
+        [per("1m", 1000)],
+        [Reserve(0, 500), Settle(61, 0, 5000), Usage(61, [0]), Reserve(61, 1000)],
+    ),
+    "tenants-are-independent": Case(
+        [per("1m", 1000)],
+        [Reserve(1, 1000), Reserve(2, 1000, tenant="zed"), Usage(3, [1000], tenant="zed")],
+    ),
+    "no-limits-always-allows": Case([], [Reserve(1, 10**9), Reserve(2, 10**9)]),
+}
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A real redis-server for this module (stopped at teardown)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not installed (make deps)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def redis_store(redis_url: str) -> AsyncIterator[RedisBudgetStore]:
+    url = redis_url
+    store = RedisBudgetStore(url, timeout=1.0, key_prefix=f"test:{time.monotonic_ns()}")
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def run_case(store: BudgetStore, case: Case) -> None:
+    charges: list[BudgetCharge] = []
+    for step in case.steps:
+        if isinstance(step, Reserve):
+            verdict = await store.reserve(step.tenant, case.limits, step.tokens, BASE + step.at)
+            if step.retry_after is None:
+                assert isinstance(verdict, BudgetAllow), (step, verdict)
+                charges.append(verdict.charge)
+            else:
+                assert isinstance(verdict, BudgetDeny), (step, verdict)
+                assert verdict.retry_after == pytest.approx(step.retry_after, abs=1e-6), step
+                assert verdict.never_fits == step.never_fits
+                assert verdict.reason
+        elif isinstance(step, Settle):
+            await store.settle(charges[step.charge], step.actual, BASE + step.at)
+        else:
+            used = await store.usage(step.tenant, case.limits, BASE + step.at)
+            assert [u.tokens for u in used] == step.tokens, step
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+async def test_in_memory_store(case: Case) -> None:
+    await run_case(InMemoryBudgetStore(), case)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+async def test_redis_store(case: Case, redis_store: RedisBudgetStore) -> None:
+    await run_case(redis_store, case)
+
+
+@pytest.mark.redis
+async def test_redis_concurrent_burst_never_overshoots(redis_url: str) -> None:
+    """Two clients (as two gateways would) race 40 reservations for 10 reservations' worth."""
+    url = redis_url
+    prefix = f"burst:{time.monotonic_ns()}"
+    stores = [RedisBudgetStore(url, timeout=2.0, key_prefix=prefix) for _ in range(2)]
+    limits = [per("1m", 1000)]
+    try:
+        verdicts = await asyncio.gather(
+            *(stores[i % 2].reserve("acme", limits, 100, BASE + 1) for i in range(40))
+        )
+        allowed = [v for v in verdicts if isinstance(v, BudgetAllow)]
+        assert len(allowed) == 10
+        used = await stores[0].usage("acme", limits, BASE + 2)
+        assert used[0].tokens == 1000
+    finally:
+        for store in stores:
+            await store.close()
+
+
+@pytest.mark.parametrize(
+    ("tier", "expect"),
+    [("interactive", "allow-locally"), ("batch", "unavailable")],
+    ids=["fail-open-tier", "fail-closed-tier"],
+)
+async def test_redis_down_follows_the_tier_policy(tier: str, expect: str) -> None:
+    errors: list[str] = []
+    store = RedisBudgetStore(
+        "redis://127.0.0.1:1/0",  # nothing listens on port 1
+        timeout=0.005,
+        policy=RedisDownPolicy(fail_closed_tiers=frozenset({"batch"}), local_fraction=0.1),
+        on_error=lambda op, exc: errors.append(op),
+    )
+    limits = [per("1m", 1000)]
+    try:
+        started = time.perf_counter()
+        verdict = await store.reserve("acme", limits, 100, BASE, tier=tier)
+        elapsed = time.perf_counter() - started
+        assert elapsed < 0.25  # bounded by the timeout (+ scheduling noise on a busy machine)
+        assert errors == ["reserve"]
+        if expect == "unavailable":
+            assert isinstance(verdict, BudgetUnavailable)
+            return
+        # fail-open: a local allowance of 10 % of the limit (100 tokens), then denied
+        assert isinstance(verdict, BudgetAllow)
+        assert verdict.charge.origin == "local"
+        again = await store.reserve("acme", limits, 1, BASE, tier=tier)
+        assert isinstance(again, BudgetDeny)
+        # the circuit breaker kept Redis out of the path: still one error recorded
+        assert errors == ["reserve"]
+        await store.settle(verdict.charge, 0, BASE + 1)  # local charges settle locally
+        refunded = await store.reserve("acme", limits, 100, BASE + 1, tier=tier)
+        assert isinstance(refunded, BudgetAllow)
+    finally:
+        await store.close()
+
+
+async def test_redis_breaker_retries_after_the_interval() -> None:
+    now = [0.0]
+    errors: list[str] = []
+    store = RedisBudgetStore(
+        "redis://127.0.0.1:1/0",
+        timeout=0.005,
+        policy=RedisDownPolicy(retry_interval=1.0),
+        on_error=lambda op, exc: errors.append(op),
+        clock=lambda: now[0],
+    )
+    limits = [per("1m", 1000)]
+    try:
+        await store.reserve("acme", limits, 1, BASE)
+        assert not store.available
+        now[0] = 0.5
+        await store.reserve("acme", limits, 1, BASE)
+        assert errors == ["reserve"]
+        now[0] = 1.5
+        assert store.available
+        await store.reserve("acme", limits, 1, BASE)
+        assert errors == ["reserve", "reserve"]
+    finally:
+        await store.close()
