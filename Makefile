@@ -46,8 +46,9 @@ demo: venv ## the main job: validate the examples and print their admission plan
 	$(BIN)/kvpool plan -f examples/ --kv-tokens-per-replica 200000
 
 .PHONY: crds
-crds: venv ## regenerate crds/*.yaml from the pydantic models
+crds: venv ## regenerate crds/*.yaml (and the chart's copy) from the pydantic models
 	$(BIN)/kvpool crds --out-dir crds/
+	cp crds/*.yaml charts/kvpool/crds/
 
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy, import-linter
