@@ -1,0 +1,105 @@
+"""Condition types and reasons of kvpool objects, and the one rule for updating them.
+
+Why it exists: conditions are how a human (and ``kubectl wait``) learns what the
+operator decided. Types and reasons are named constants so that tests, docs and alerts
+refer to the same strings, and :func:`set_condition` implements the Kubernetes rule that
+``lastTransitionTime`` changes only when the status flips (a new reason or message with
+the same status keeps the time: the condition did not transition).
+
+Worked example::
+
+    >>> c = set_condition([], READY, "False", REPLICAS_NOT_READY, "0/1 ready", 1, "t0")
+    >>> c = set_condition(c, READY, "False", REPLICAS_NOT_READY, "0/2 ready", 2, "t1")
+    >>> c[0].last_transition_time, c[0].message
+    ('t0', '0/2 ready')
+    >>> set_condition(c, READY, "True", POOL_READY, "", 2, "t2")[0].last_transition_time
+    't2'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.api.common import Condition, ConditionStatus
+
+# --- ModelPool condition types ---------------------------------------------------------------
+READY = "Ready"
+CAPACITY_MEASURED = "CapacityMeasured"
+CAPACITY_SHORT = "CapacityShort"
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+DEGRADED = "Degraded"
+MODELPOOL_CONDITION_TYPES = (
+    READY,
+    CAPACITY_MEASURED,
+    CAPACITY_SHORT,
+    METRICS_UNAVAILABLE,
+    DEGRADED,
+)
+
+# --- reasons ---------------------------------------------------------------------------------
+# Ready
+POOL_READY = "PoolReady"  # a plan exists and every warm replica is ready
+REPLICAS_NOT_READY = "ReplicasNotReady"  # a plan exists; fewer ready replicas than planned
+TIER_POLICY_NOT_FOUND = "TierPolicyNotFound"  # spec.tierPolicyRef names no TierPolicy
+INVALID_SPEC = "InvalidSpec"  # the object does not parse as a v1alpha1 ModelPool
+# (planner errors - CapacityUnknown, ReplicaTooSmall, ... - are used as Ready reasons too)
+
+# CapacityMeasured
+MEASURED = "Measured"  # engines of the current revision report vllm:cache_config_info
+DECLARED = "DeclaredCapacity"  # no measurement yet: spec.capacity.kvTokensPerReplica is used
+KEPT_LAST_MEASUREMENT = "KeptLastMeasurement"  # metrics gone; the last measurement is kept
+NO_CAPACITY = "NoCapacityFigure"  # neither measured nor declared
+
+# CapacityShort
+MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"  # a tier's peak needs more than maxReplicas
+CAPACITY_SUFFICIENT = "CapacitySufficient"
+
+# MetricsUnavailable
+PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"  # connection error, timeout or HTTP error
+NO_ENGINE_METRICS = "NoEngineMetrics"  # Prometheus answers but has no series for the revision
+METRICS_DISABLED = "MetricsDisabled"  # the operator runs without --prometheus-url
+METRICS_FRESH = "MetricsFresh"
+
+# Degraded
+REPLICAS_DISAGREE = "ReplicasDisagree"  # replicas of one revision report different KV sizes
+PLAN_FAILED = "PlanFailed"  # no plan could be made (see the Ready message)
+AS_EXPECTED = "AsExpected"
+
+# --- TenantBudget / TierPolicy ---------------------------------------------------------------
+KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type
+SECRET_FOUND = "SecretKeyFound"
+SECRET_NOT_FOUND = "SecretKeyNotFound"
+POLICY_READY = "PolicyReady"
+
+
+def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """The condition of a type, if present."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None,
+    now: str,
+) -> list[Condition]:
+    """``conditions`` with one condition set; others are kept in their order.
+
+    ``lastTransitionTime`` is kept unless the status flips (or the condition is new).
+    """
+    previous = find_condition(conditions, type_)
+    transition = now if previous is None or previous.status != status else None
+    updated = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=transition or (previous.last_transition_time if previous else now),
+        observed_generation=observed_generation,
+    )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == type_ else c for c in conditions]

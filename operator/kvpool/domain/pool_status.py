@@ -1,0 +1,247 @@
+"""The ModelPool status and the Events a reconcile produces, decided without I/O.
+
+Why it exists: the reconcile function gathers observations (the pool, its policy, the
+metrics, the Deployment) and hands them here; this module decides what ``status`` says
+(conditions with their reasons, phase, plan, capacity, replicas) and which decisions a
+human should hear about as Kubernetes Events. Keeping it pure makes every combination a
+row in a test table.
+
+Phase at a glance (first that applies): ``Error`` (no plan: missing TierPolicy, invalid
+spec, planner error), ``Degraded`` (replicas disagree on capacity), ``Pending`` (fewer
+ready replicas than planned), ``Ready``.
+
+Worked example: a pool whose 2 planned replicas are both ready, measured at 4,096 tokens
+with Prometheus up, gets ``phase: Ready``, ``Ready=True/PoolReady``,
+``CapacityMeasured=True/Measured``, ``MetricsUnavailable=False/MetricsFresh``,
+``CapacityShort=False/CapacitySufficient`` and ``Degraded=False/AsExpected``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvpool.api.common import Condition, ConditionStatus
+from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, ReplicaStatus
+from kvpool.domain import conditions as c
+from kvpool.domain.measurement import (
+    METRICS_OFF,
+    METRICS_OK,
+    NO_DATA,
+    PROMETHEUS_DOWN,
+    CapacityAssessment,
+    MetricsState,
+)
+from kvpool.domain.planner import PlanError, PoolPlan
+
+EventType = Literal["Normal", "Warning"]
+
+# Event reasons (CamelCase constants).
+EVENT_SCALED = "ScaledWarmReplicas"
+EVENT_CAPACITY_SHORT = "CapacityShort"
+EVENT_MEASUREMENT_CHANGED = "MeasurementChanged"
+EVENT_REPLICAS_DISAGREE = "ReplicasDisagree"
+EVENT_TIER_POLICY_NOT_FOUND = "TierPolicyNotFound"
+EVENT_METRICS_UNAVAILABLE = "MetricsUnavailable"
+
+
+@dataclass(frozen=True)
+class EventIntent:
+    """A Kubernetes Event to emit on the ModelPool."""
+
+    type: EventType  # Normal or Warning
+    reason: str  # CamelCase constant
+    message: str  # the decision with its numbers
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """Everything a status decision needs, gathered by the reconcile."""
+
+    generation: int | None  # metadata.generation of the pool
+    revision: str  # current engine revision
+    assessment: CapacityAssessment  # capacity figure and its provenance
+    plan: PoolPlan | PlanError  # the planner's verdict
+    warm_replicas: int  # replicas the Deployment is set to
+    ready_replicas: int  # replicas passing readiness
+    metrics: MetricsState  # whether Prometheus answered
+    metrics_message: str  # details for the MetricsUnavailable condition
+    load: LoadStatus | None  # live engine signals, when Prometheus answered
+    now: str  # RFC 3339 time of this reconcile
+
+
+def _metrics_condition(state: MetricsState) -> tuple[ConditionStatus, str]:
+    if state == PROMETHEUS_DOWN:
+        return "True", c.PROMETHEUS_UNREACHABLE
+    if state == NO_DATA:
+        return "True", c.NO_ENGINE_METRICS
+    if state == METRICS_OFF:
+        return "True", c.METRICS_DISABLED
+    return "False", c.METRICS_FRESH
+
+
+def _capacity_message(a: CapacityAssessment, declared: int | None) -> str:
+    if a.reason == c.MEASURED:
+        spread = f"; replicas disagree {a.spread[0]}..{a.spread[1]}" if a.spread else ""
+        return (
+            f"{a.kv_tokens} KV tokens per replica measured on revision {a.revision} "
+            f"({a.replicas_measured} replicas){spread}"
+        )
+    if a.reason == c.KEPT_LAST_MEASUREMENT:
+        return f"no fresh readings: keeping the last measurement of {a.kv_tokens} tokens"
+    if a.reason == c.DECLARED:
+        return f"not measured yet: planning with the declared {declared} tokens per replica"
+    return "not measured yet and spec.capacity.kvTokensPerReplica is not set"
+
+
+def build_pool_status(
+    prior: ModelPoolStatus | None, obs: PoolObservation, declared: int | None
+) -> ModelPoolStatus:
+    """The new ``status`` of a pool whose TierPolicy exists."""
+    prior = prior or ModelPoolStatus()
+    gen, now, a = obs.generation, obs.now, obs.assessment
+    conds: list[Condition] = list(prior.conditions)
+
+    plan = obs.plan if isinstance(obs.plan, PoolPlan) else None
+    ready: tuple[ConditionStatus, str, str]
+    if isinstance(obs.plan, PlanError):
+        ready = ("False", obs.plan.reason, obs.plan.message)
+    elif obs.ready_replicas >= obs.warm_replicas:
+        ready = ("True", c.POOL_READY, f"{obs.ready_replicas}/{obs.warm_replicas} replicas ready")
+    else:
+        ready = (
+            "False",
+            c.REPLICAS_NOT_READY,
+            f"{obs.ready_replicas}/{obs.warm_replicas} replicas ready",
+        )
+    conds = c.set_condition(conds, c.READY, ready[0], ready[1], ready[2], gen, now)
+
+    measured: ConditionStatus = "True" if a.source == "Measured" else "False"
+    conds = c.set_condition(
+        conds, c.CAPACITY_MEASURED, measured, a.reason, _capacity_message(a, declared), gen, now
+    )
+
+    short = plan is not None and plan.capacity_short
+    conds = c.set_condition(
+        conds,
+        c.CAPACITY_SHORT,
+        "True" if short else "False",
+        c.MAX_REPLICAS_TOO_LOW if short else c.CAPACITY_SUFFICIENT,
+        "; ".join(plan.warnings) if plan is not None and short else "",
+        gen,
+        now,
+    )
+
+    m_status, m_reason = _metrics_condition(obs.metrics)
+    conds = c.set_condition(
+        conds, c.METRICS_UNAVAILABLE, m_status, m_reason, obs.metrics_message, gen, now
+    )
+
+    degraded: tuple[ConditionStatus, str, str]
+    if a.disagree and a.spread is not None:
+        degraded = (
+            "True",
+            c.REPLICAS_DISAGREE,
+            f"replicas of revision {a.revision} report {a.spread[0]}..{a.spread[1]} KV tokens; "
+            f"planning with the minimum",
+        )
+    elif isinstance(obs.plan, PlanError):
+        degraded = ("True", c.PLAN_FAILED, obs.plan.message)
+    else:
+        degraded = ("False", c.AS_EXPECTED, "")
+    conds = c.set_condition(conds, c.DEGRADED, degraded[0], degraded[1], degraded[2], gen, now)
+
+    if plan is None:
+        phase = "Error"
+    elif a.disagree:
+        phase = "Degraded"
+    elif obs.ready_replicas < obs.warm_replicas:
+        phase = "Pending"
+    else:
+        phase = "Ready"
+
+    return ModelPoolStatus(
+        observed_generation=gen,
+        phase=phase,
+        revision=obs.revision,
+        replicas=ReplicaStatus(desired=obs.warm_replicas, ready=obs.ready_replicas),
+        capacity=a.to_status(),
+        # fail-static: a failed plan keeps the last one the gateway is enforcing
+        plan=plan.to_status() if plan is not None else prior.plan,
+        load=obs.load if obs.metrics == METRICS_OK else prior.load,
+        rollout=prior.rollout,
+        conditions=conds,
+    )
+
+
+def build_missing_policy_status(
+    prior: ModelPoolStatus | None, generation: int | None, policy: str, now: str
+) -> ModelPoolStatus:
+    """The status of a pool whose TierPolicy does not exist: everything else is kept."""
+    prior = prior or ModelPoolStatus()
+    message = f"TierPolicy {policy!r} not found in the namespace; the engines are left as they are"
+    conds = c.set_condition(
+        prior.conditions, c.READY, "False", c.TIER_POLICY_NOT_FOUND, message, generation, now
+    )
+    conds = c.set_condition(
+        conds, c.DEGRADED, "True", c.TIER_POLICY_NOT_FOUND, message, generation, now
+    )
+    return prior.model_copy(
+        update={"observed_generation": generation, "phase": "Error", "conditions": conds}
+    )
+
+
+def plan_events(
+    prior: ModelPoolStatus | None, new: ModelPoolStatus, assessment: CapacityAssessment | None
+) -> list[EventIntent]:
+    """Events for the decisions in ``new`` that differ from ``prior``.
+
+    >>> from kvpool.api.modelpool import ReplicaStatus
+    >>> old = ModelPoolStatus(replicas=ReplicaStatus(desired=1))
+    >>> new = ModelPoolStatus(replicas=ReplicaStatus(desired=3))
+    >>> [e.reason for e in plan_events(old, new, None)]
+    ['ScaledWarmReplicas']
+    """
+    prior = prior or ModelPoolStatus()
+    events: list[EventIntent] = []
+    before = prior.replicas.desired if prior.replicas is not None else None
+    after = new.replicas.desired if new.replicas is not None else None
+    if after is not None and before != after:
+        events.append(
+            EventIntent("Normal", EVENT_SCALED, f"warm replicas {before or 0} -> {after}")
+        )
+    was_short = _is_true(prior.conditions, c.CAPACITY_SHORT)
+    short = c.find_condition(new.conditions, c.CAPACITY_SHORT)
+    if short is not None and short.status == "True" and not was_short:
+        events.append(EventIntent("Warning", EVENT_CAPACITY_SHORT, short.message))
+    if assessment is not None and assessment.changed_significantly:
+        events.append(
+            EventIntent(
+                "Normal",
+                EVENT_MEASUREMENT_CHANGED,
+                f"KV tokens per replica {assessment.previous_kv_tokens} -> "
+                f"{assessment.kv_tokens} ({assessment.change_ratio:+.0%}) on revision "
+                f"{assessment.revision}",
+            )
+        )
+    for type_, reason in (
+        (c.DEGRADED, EVENT_REPLICAS_DISAGREE),
+        (c.READY, EVENT_TIER_POLICY_NOT_FOUND),
+    ):
+        cond = c.find_condition(new.conditions, type_)
+        old = c.find_condition(prior.conditions, type_)
+        if cond is not None and cond.reason == reason and (old is None or old.reason != reason):
+            events.append(EventIntent("Warning", reason, cond.message))
+    metrics = c.find_condition(new.conditions, c.METRICS_UNAVAILABLE)
+    if (
+        metrics is not None
+        and metrics.status == "True"
+        and not _is_true(prior.conditions, c.METRICS_UNAVAILABLE)
+    ):
+        events.append(EventIntent("Warning", EVENT_METRICS_UNAVAILABLE, metrics.message))
+    return events
+
+
+def _is_true(conditions: list[Condition], type_: str) -> bool:
+    cond = c.find_condition(conditions, type_)
+    return cond is not None and cond.status == "True"
