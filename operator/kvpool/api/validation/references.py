@@ -1,0 +1,239 @@
+"""Rules across objects: references must resolve within the manifests given, per namespace.
+
+A real cluster would accept a ModelPool whose TierPolicy does not exist yet; the operator
+would then report it as not Ready. ``kvpool validate`` sees the whole set a user is about
+to apply, so it reports a dangling reference before anything is applied:
+
+- ModelPool ``tierPolicyRef`` names a TierPolicy of its namespace; the tiers named in
+  ``capacity.peakConcurrency`` and ``rollout.canaryTiers`` are tiers of that policy;
+- TenantBudget ``tiers`` are tiers of its ``tierPolicyRef`` policy or, without a ref, of
+  the namespace's only TierPolicy (several policies and no ref is ambiguous);
+- TenantBudget ``apiKeySecretRef`` names a Secret of the set that has the key (the
+  examples ship their Secrets, so an absent Secret is an error, not a warning);
+- no two objects of a kind share a namespace and name, no two TenantBudgets share a
+  tenant id, no two ModelPools serve the same model name (the gateway routes by it).
+
+Objects without a namespace are in ``default``. Worked example: a ModelPool in ``default``
+with ``tierPolicyRef: {name: tiers}`` and no TierPolicy ``tiers`` in ``default`` gives
+``spec.tierPolicyRef.name: TierPolicy 'tiers' not found in namespace 'default'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.tenantbudget import TenantBudget
+from kvpool.api.tierpolicy import TierPolicy
+from kvpool.api.validation.results import DEFAULT_NAMESPACE, Problem, SecretData
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Located(Generic[T]):
+    """An object and the file it came from."""
+
+    source: str  # file name, as the user gave it
+    obj: T  # the parsed object
+
+
+def _namespace(obj: ModelPool | TierPolicy | TenantBudget) -> str:
+    return obj.metadata.namespace or DEFAULT_NAMESPACE
+
+
+def _names(items: Iterable[str]) -> str:
+    listed = sorted(items)
+    return ", ".join(listed) if listed else "none"
+
+
+def _problem(item: Located[ModelPool] | Located[TenantBudget], path: str, reason: str) -> Problem:
+    return Problem(item.source, item.obj.kind, item.obj.metadata.name, path, reason)
+
+
+def _duplicates(
+    items: Sequence[Located[ModelPool] | Located[TierPolicy] | Located[TenantBudget]],
+) -> list[Problem]:
+    first: dict[tuple[str, str, str], str] = {}
+    problems = []
+    for item in items:
+        key = (item.obj.kind, _namespace(item.obj), item.obj.metadata.name)
+        if key in first:
+            problems.append(
+                Problem(
+                    item.source,
+                    item.obj.kind,
+                    item.obj.metadata.name,
+                    "metadata.name",
+                    f"duplicate {item.obj.kind} in namespace {key[1]!r} (first in {first[key]})",
+                )
+            )
+        else:
+            first[key] = item.source
+    return problems
+
+
+def _policy_tier_problems(item: Located[ModelPool], policy: TierPolicy) -> list[Problem]:
+    tiers = set(policy.tier_names())
+    problems = []
+    named = policy.metadata.name
+    for tier in item.obj.spec.capacity.peak_concurrency:
+        if tier not in tiers:
+            problems.append(
+                _problem(
+                    item,
+                    f"spec.capacity.peakConcurrency.{tier}",
+                    f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
+                )
+            )
+    for index, tier in enumerate(item.obj.spec.rollout.canary_tiers):
+        if tier not in tiers:
+            problems.append(
+                _problem(
+                    item,
+                    f"spec.rollout.canaryTiers[{index}]",
+                    f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
+                )
+            )
+    return problems
+
+
+def check_pools(
+    pools: Sequence[Located[ModelPool]], policies: dict[tuple[str, str], TierPolicy]
+) -> list[Problem]:
+    """Pool -> policy references, pool tiers, and served model names unique per namespace."""
+    problems = []
+    served: dict[tuple[str, str], str] = {}
+    for item in pools:
+        namespace = _namespace(item.obj)
+        ref = item.obj.spec.tier_policy_ref.name
+        policy = policies.get((namespace, ref))
+        if policy is None:
+            in_ns = [name for ns, name in policies if ns == namespace]
+            problems.append(
+                _problem(
+                    item,
+                    "spec.tierPolicyRef.name",
+                    f"TierPolicy {ref!r} not found in namespace {namespace!r} "
+                    f"(TierPolicies there: {_names(in_ns)})",
+                )
+            )
+        else:
+            problems.extend(_policy_tier_problems(item, policy))
+        served_name = item.obj.spec.model.served_name
+        if (namespace, served_name) in served:
+            problems.append(
+                _problem(
+                    item,
+                    "spec.model.servedName",
+                    f"{served_name!r} is also served by ModelPool/"
+                    f"{served[(namespace, served_name)]}; the gateway routes by this name",
+                )
+            )
+        else:
+            served[(namespace, served_name)] = item.obj.metadata.name
+    return problems
+
+
+def _budget_policy(
+    item: Located[TenantBudget], policies: dict[tuple[str, str], TierPolicy]
+) -> TierPolicy | Problem:
+    namespace = _namespace(item.obj)
+    in_ns = {name: p for (ns, name), p in policies.items() if ns == namespace}
+    ref = item.obj.spec.tier_policy_ref
+    if ref is not None:
+        if ref.name in in_ns:
+            return in_ns[ref.name]
+        return _problem(
+            item,
+            "spec.tierPolicyRef.name",
+            f"TierPolicy {ref.name!r} not found in namespace {namespace!r} "
+            f"(TierPolicies there: {_names(in_ns)})",
+        )
+    if len(in_ns) == 1:
+        return next(iter(in_ns.values()))
+    if not in_ns:
+        reason = f"no TierPolicy in namespace {namespace!r} for this tenant's tiers"
+    else:
+        reason = (
+            f"required: namespace {namespace!r} has {len(in_ns)} TierPolicies "
+            f"({_names(in_ns)}); name the one this tenant uses"
+        )
+    return _problem(item, "spec.tierPolicyRef", reason)
+
+
+def check_budgets(
+    budgets: Sequence[Located[TenantBudget]],
+    policies: dict[tuple[str, str], TierPolicy],
+    secrets: dict[tuple[str, str], SecretData],
+) -> list[Problem]:
+    """Budget -> policy and tiers, budget -> Secret key, tenant ids unique per namespace."""
+    problems = []
+    tenants: dict[tuple[str, str], str] = {}
+    for item in budgets:
+        namespace = _namespace(item.obj)
+        policy = _budget_policy(item, policies)
+        if isinstance(policy, Problem):
+            problems.append(policy)
+        else:
+            tiers = set(policy.tier_names())
+            for index, tier in enumerate(item.obj.spec.tiers):
+                if tier not in tiers:
+                    problems.append(
+                        _problem(
+                            item,
+                            f"spec.tiers[{index}]",
+                            f"tier {tier!r} is not in TierPolicy {policy.metadata.name!r} "
+                            f"(tiers: {_names(tiers)})",
+                        )
+                    )
+        ref = item.obj.spec.api_key_secret_ref
+        secret = secrets.get((namespace, ref.name))
+        if secret is None:
+            problems.append(
+                _problem(
+                    item,
+                    "spec.apiKeySecretRef.name",
+                    f"Secret {ref.name!r} not found in namespace {namespace!r} "
+                    "in the given manifests",
+                )
+            )
+        elif ref.key not in secret.values:
+            problems.append(
+                _problem(
+                    item,
+                    "spec.apiKeySecretRef.key",
+                    f"Secret {ref.name!r} has no key {ref.key!r} (keys: {_names(secret.values)})",
+                )
+            )
+        tenant = item.obj.spec.tenant
+        if (namespace, tenant) in tenants:
+            problems.append(
+                _problem(
+                    item,
+                    "spec.tenant",
+                    f"tenant {tenant!r} is also claimed by TenantBudget/"
+                    f"{tenants[(namespace, tenant)]}",
+                )
+            )
+        else:
+            tenants[(namespace, tenant)] = item.obj.metadata.name
+    return problems
+
+
+def check_references(
+    pools: Sequence[Located[ModelPool]],
+    policies: Sequence[Located[TierPolicy]],
+    budgets: Sequence[Located[TenantBudget]],
+    secrets: Sequence[SecretData],
+) -> list[Problem]:
+    """Every cross-object problem of a set of valid objects."""
+    by_key = {(_namespace(p.obj), p.obj.metadata.name): p.obj for p in policies}
+    secret_by_key = {(s.namespace, s.name): s for s in secrets}
+    return [
+        *_duplicates([*policies, *pools, *budgets]),
+        *check_pools(pools, by_key),
+        *check_budgets(budgets, by_key, secret_by_key),
+    ]

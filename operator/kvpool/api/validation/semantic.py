@@ -1,0 +1,98 @@
+"""Checks within one object that neither the schema nor a CEL rule can express.
+
+Each looks at an object already parsed into its model and says what a user would want
+to hear before the operator acts on it:
+
+- TenantBudget: two limits over the same window spelled differently (``1h`` and
+  ``60m``) - the list-map key sees two windows, the gateway would enforce one twice;
+- TierPolicy: a classification rule without any matcher matches every request, so the
+  rules after it can never match;
+- ModelPool: engine ``args`` that repeat a flag the operator sets from a typed field
+  (``--max-model-len`` from ``engine.maxModelLen``...), and a declared
+  ``kvTokensPerReplica`` too small to hold one ``maxModelLen`` sequence (vLLM refuses to
+  start such an engine).
+
+Worked example: limits ``[{window: 1h, tokens: 100}, {window: 60m, tokens: 50}]`` give
+``Finding("spec.limits[1].window", "'60m' is the same window as spec.limits[0].window
+('1h'); keep one limit per window")``.
+"""
+
+from __future__ import annotations
+
+from kvpool.api.common import parse_duration
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.tenantbudget import TenantBudget
+from kvpool.api.tierpolicy import TierPolicy
+from kvpool.api.validation.results import Finding
+
+# Engine flags the operator derives from typed ModelPool fields.
+OWNED_ENGINE_FLAGS = {
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--port": "spec.engine.port",
+    "--model": "spec.model.name",
+    "--served-model-name": "spec.model.servedName",
+}
+
+
+def check_tenant_budget(budget: TenantBudget) -> list[Finding]:
+    """Limits whose windows are equal in length but written differently."""
+    findings = []
+    first_of: dict[float, int] = {}
+    for index, limit in enumerate(budget.spec.limits):
+        seconds = parse_duration(limit.window)
+        if seconds not in first_of:
+            first_of[seconds] = index
+            continue
+        earlier = budget.spec.limits[first_of[seconds]].window
+        if earlier != limit.window:  # identical spellings are the list-map check's
+            findings.append(
+                Finding(
+                    f"spec.limits[{index}].window",
+                    f"{limit.window!r} is the same window as "
+                    f"spec.limits[{first_of[seconds]}].window ({earlier!r}); "
+                    "keep one limit per window",
+                )
+            )
+    return findings
+
+
+def check_tier_policy(policy: TierPolicy) -> list[Finding]:
+    """Classification rules that can never match because a catch-all precedes them."""
+    rules = policy.spec.classification
+    for index, rule in enumerate(rules):
+        if rule.path_prefix is None and rule.host is None and rule.tenant_selector is None:
+            return [
+                Finding(
+                    f"spec.classification[{later}]",
+                    f"unreachable: spec.classification[{index}] has no matcher, "
+                    "so it matches every request first",
+                )
+                for later in range(index + 1, len(rules))
+            ]
+    return []
+
+
+def check_model_pool(pool: ModelPool) -> list[Finding]:
+    """Engine args that fight typed fields, and a declared KV size below one sequence."""
+    findings = []
+    for index, arg in enumerate(pool.spec.engine.args):
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_ENGINE_FLAGS:
+            findings.append(
+                Finding(
+                    f"spec.engine.args[{index}]",
+                    f"{flag} is set from {OWNED_ENGINE_FLAGS[flag]}; remove it from args",
+                )
+            )
+    declared = pool.spec.capacity.kv_tokens_per_replica
+    max_len = pool.spec.engine.max_model_len
+    if declared is not None and declared < max_len:
+        findings.append(
+            Finding(
+                "spec.capacity.kvTokensPerReplica",
+                f"{declared} KV tokens cannot hold one sequence of engine.maxModelLen "
+                f"{max_len} (vLLM refuses to start such an engine)",
+            )
+        )
+    return findings
