@@ -1,0 +1,396 @@
+"""Kubernetes API I/O of the operator: read, create, merge-patch, JSON-patch, delete.
+
+Why it exists: the reconcile must stay a short orchestration of pure decisions, so every
+API call lives here behind a small async client (aiohttp, one connection pool). The
+operator writes only with create, merge-patch (``application/merge-patch+json``) and
+JSON patch: no PUT/replace and no server-side apply (see GUIDE.md: the test API server
+has neither, and neither is needed).
+
+Failure policy (tested): 429 and 5xx answers and connection errors are retried with
+exponential backoff (honouring ``Retry-After``); a 409 on create means the object exists
+(a restarted operator finds what it created: names are deterministic) and is turned into
+a read-then-patch; other errors raise :class:`ApiError` to the caller, whose reconcile is
+retried by kopf.
+
+Each ``apply_*`` owns one kind of child and writes only when the child's
+``kvpool.dev/spec-hash`` annotation (or the Deployment's replica count) differs from the
+desired object, so an unchanged plan makes no writes and triggers no watch events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kvpool.domain.manifests import (
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_SPEC_HASH,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    MANAGED_BY,
+)
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A REST resource: API group ('' for core), version and plural."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        """The URL path of the collection, or of one object (and a subresource)."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+MODELPOOLS = Resource("kvpool.dev", "v1alpha1", "modelpools")
+TIERPOLICIES = Resource("kvpool.dev", "v1alpha1", "tierpolicies")
+TENANTBUDGETS = Resource("kvpool.dev", "v1alpha1", "tenantbudgets")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+SERVICES = Resource("", "v1", "services")
+PODS = Resource("", "v1", "pods")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+SECRETS = Resource("", "v1", "secrets")
+EVENTS = Resource("", "v1", "events")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets")
+CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, PDBS)
+
+
+class ApiError(Exception):
+    """An API answer the caller must handle (after retries)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class KubeConnection:
+    """Where and how to reach the API server."""
+
+    server: str  # e.g. https://10.96.0.1:443 or http://127.0.0.1:PORT
+    token: str | None = None  # bearer token (kubeconfig)
+    token_file: Path | None = None  # re-read per request (in-cluster tokens rotate)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+
+
+def load_connection(kubeconfig: str | None = None, context: str | None = None) -> KubeConnection:
+    """Connection settings from a kubeconfig (explicit, ``$KUBECONFIG``, ~/.kube/config),
+    else from the in-cluster service account."""
+    from kubernetes import client, config  # the official client only parses the config
+
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    default = Path.home() / ".kube" / "config"
+    if path or default.exists():
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path or str(default), context=context, client_configuration=cfg
+        )
+        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        if token and token.lower().startswith("bearer "):
+            token = token[7:]
+        return KubeConnection(
+            server=cfg.host.rstrip("/"),
+            token=token,
+            ca_file=cfg.ssl_ca_cert,
+            cert_file=cfg.cert_file,
+            key_file=cfg.key_file,
+            verify=bool(cfg.verify_ssl),
+        )
+    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return KubeConnection(server=cfg.host.rstrip("/"), token_file=SA_TOKEN, ca_file=cfg.ssl_ca_cert)
+
+
+class KubeClient:
+    """A small async Kubernetes client (create, get, list, patch, delete) with retries."""
+
+    def __init__(
+        self, conn: KubeConnection, *, attempts: int = 6, backoff: float = 0.2, timeout: float = 15
+    ) -> None:
+        self.conn = conn
+        self.attempts = attempts
+        self.backoff = backoff
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        if not self.conn.server.startswith("https"):
+            return False
+        if not self.conn.verify:
+            return False
+        ctx = ssl.create_default_context(cafile=self.conn.ca_file)
+        if self.conn.cert_file and self.conn.key_file:
+            ctx.load_cert_chain(self.conn.cert_file, self.conn.key_file)
+        return ctx
+
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=16)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = self.conn.token
+        if self.conn.token_file is not None:
+            token = self.conn.token_file.read_text().strip()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> JsonObject | None:
+        """One API call with retries on 429/5xx/connection errors; 404 -> None."""
+        data = json.dumps(body) if body is not None else None
+        ctype = content_type or ("application/json" if body is not None else None)
+        delay = self.backoff
+        for attempt in range(1, self.attempts + 1):
+            try:
+                session = await self.session()
+                async with session.request(
+                    method,
+                    self.conn.server + path,
+                    data=data,
+                    params=params,
+                    headers=self._headers(ctype),
+                ) as response:
+                    text = await response.text()
+                    if response.status == 404:
+                        return None
+                    if response.status < 400:
+                        return json.loads(text) if text else {}
+                    if response.status not in RETRY_STATUSES or attempt == self.attempts:
+                        raise ApiError(response.status, f"{method} {path}: {text[:300]}")
+                    retry_after = response.headers.get("Retry-After", "")
+                    wait = float(retry_after) if retry_after.isdigit() else delay
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                if attempt == self.attempts:
+                    raise ApiError(0, f"{method} {path}: {exc!r}") from exc
+                wait = delay
+            log.info("kube %s %s: retry %d in %.1fs", method, path, attempt, wait)
+            await asyncio.sleep(min(wait, 5.0))
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> JsonObject | None:
+        return await self.request("GET", resource.path(namespace, name))
+
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[JsonObject]:
+        params = (
+            {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
+        )
+        result = await self.request("GET", resource.path(namespace), params=params)
+        return list((result or {}).get("items", []))
+
+    async def create(self, resource: Resource, namespace: str, body: JsonObject) -> JsonObject:
+        result = await self.request("POST", resource.path(namespace), body)
+        if result is None:
+            raise ApiError(404, f"namespace {namespace} or {resource.plural} not found")
+        return result
+
+    async def merge_patch(
+        self, resource: Resource, namespace: str, name: str, patch: JsonObject, sub: str = ""
+    ) -> JsonObject | None:
+        return await self.request(
+            "PATCH", resource.path(namespace, name, sub), patch, content_type=MERGE_PATCH
+        )
+
+    async def json_patch(
+        self, resource: Resource, namespace: str, name: str, ops: list[JsonObject]
+    ) -> JsonObject | None:
+        return await self.request(
+            "PATCH", resource.path(namespace, name), ops, content_type=JSON_PATCH
+        )
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        """Delete an object; False when it was already gone."""
+        return await self.request("DELETE", resource.path(namespace, name)) is not None
+
+
+# --- applying owned children -----------------------------------------------------------------
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+def _replace_ops(
+    current: JsonObject, desired: JsonObject, owned: tuple[str, ...]
+) -> list[JsonObject]:
+    """JSON-patch ops setting our labels/annotations (others' kept) and replacing owned parts.
+
+    Replacing (not merging) the owned top-level fields is what removes a field the spec no
+    longer sets, e.g. a dropped nodeSelector.
+    """
+    meta, want = current.get("metadata") or {}, desired["metadata"]
+    ops: list[JsonObject] = []
+    for key in ("labels", "annotations"):
+        merged = {**(meta.get(key) or {}), **(want.get(key) or {})}
+        ops.append({"op": "add", "path": f"/metadata/{key}", "value": merged})
+    if "ownerReferences" in want:
+        ops.append(
+            {"op": "add", "path": "/metadata/ownerReferences", "value": want["ownerReferences"]}
+        )
+    ops += [{"op": "add", "path": f"/{field}", "value": desired[field]} for field in owned]
+    return ops
+
+
+async def apply_owned(
+    client: KubeClient,
+    resource: Resource,
+    desired: JsonObject,
+    *,
+    owned: tuple[str, ...] = ("spec",),
+    hash_annotation: str = ANNOTATION_SPEC_HASH,
+) -> tuple[JsonObject, str]:
+    """Create ``desired`` or bring the existing object to it; returns (object, action).
+
+    ``action`` is ``created``, ``updated``, ``scaled`` or ``unchanged``.
+    """
+    ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    current = await client.get(resource, ns, name)
+    if current is None:
+        try:
+            return await client.create(resource, ns, desired), "created"
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            current = await client.get(resource, ns, name)  # created by a previous run
+            if current is None:
+                raise
+    if _annotation(current, hash_annotation) != _annotation(desired, hash_annotation):
+        patched = await client.json_patch(resource, ns, name, _replace_ops(current, desired, owned))
+        return patched or current, "updated"
+    want_replicas = (desired.get("spec") or {}).get("replicas")
+    if want_replicas is not None and (current.get("spec") or {}).get("replicas") != want_replicas:
+        patched = await client.merge_patch(
+            resource, ns, name, {"spec": {"replicas": want_replicas}}
+        )
+        return patched or current, "scaled"
+    return current, "unchanged"
+
+
+async def apply_deployment(client: KubeClient, desired: JsonObject) -> tuple[JsonObject, str]:
+    """The engine Deployment of one track (template by hash, replicas compared on their own)."""
+    return await apply_owned(client, DEPLOYMENTS, desired)
+
+
+async def apply_service(client: KubeClient, desired: JsonObject) -> tuple[JsonObject, str]:
+    """The Service of one track."""
+    return await apply_owned(client, SERVICES, desired)
+
+
+async def apply_pdb(client: KubeClient, desired: JsonObject) -> tuple[JsonObject, str]:
+    """The PodDisruptionBudget of a pool."""
+    return await apply_owned(client, PDBS, desired)
+
+
+async def apply_admission_configmap(client: KubeClient, desired: JsonObject) -> str:
+    """The namespace's compiled admission ConfigMap (rewritten when its config hash differs)."""
+    _, action = await apply_owned(
+        client, CONFIGMAPS, desired, owned=("data",), hash_annotation=ANNOTATION_CONFIG_HASH
+    )
+    return action
+
+
+async def apply_status(
+    client: KubeClient, resource: Resource, namespace: str, name: str, status: JsonObject
+) -> JsonObject | None:
+    """Merge-patch the ``status`` subresource (never the spec)."""
+    return await client.merge_patch(resource, namespace, name, {"status": status}, sub="status")
+
+
+async def delete_children(client: KubeClient, namespace: str, pool: str) -> int:
+    """Delete every child of a pool found by label (the cleanup path: no GC in tests)."""
+    labels = {LABEL_POOL: pool, LABEL_MANAGED_BY: MANAGED_BY}
+    deleted = 0
+    for resource in CHILD_RESOURCES:
+        for obj in await client.list_objects(resource, namespace, labels):
+            if await client.delete(resource, namespace, obj["metadata"]["name"]):
+                deleted += 1
+    return deleted
+
+
+async def create_event(
+    client: KubeClient,
+    involved: Mapping[str, Any],
+    type_: str,
+    reason: str,
+    message: str,
+    now: str,
+    component: str = "kvpool-operator",
+) -> None:
+    """Post a core/v1 Event about an object (best effort: a failed Event is only logged)."""
+    meta = involved.get("metadata") or {}
+    ns = meta.get("namespace") or "default"
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'kvpool')}.", "namespace": ns},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "name": meta.get("name"),
+            "namespace": ns,
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        await client.create(EVENTS, ns, body)
+    except ApiError as exc:
+        log.warning("event %s on %s/%s not posted: %s", reason, ns, meta.get("name"), exc)
