@@ -69,12 +69,16 @@ that can start now, and queued requests rejected by the change), including
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTenant, CompiledTier
 from kvpool.domain.estimate import Estimate
+from kvpool.domain.routing import NoReplica, ReplicaLoad, decide_replica
 
 Outcome = Literal["admitted", "borrowed", "queued", "rejected-deadline", "rejected-capacity"]
 OUTCOMES: tuple[Outcome, ...] = (
@@ -252,29 +256,126 @@ class AdmissionSnapshot:
     settled: int = 0  # releases that reported actual tokens
 
 
+class _TierState:
+    """Mutable per-tier accounting (internal)."""
+
+    __slots__ = (
+        "engine_priority",
+        "floor_s",
+        "floor_t",
+        "lend_s",
+        "lend_t",
+        "max_wait",
+        "name",
+        "queued_count",
+        "queued_s",
+        "queued_t",
+        "queues",
+        "rank",
+        "reclaim",
+        "removed",
+        "tenant_tokens",
+        "used_s",
+        "used_t",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rank = 0
+        self.engine_priority = 0
+        self.max_wait = 0.0
+        self.reclaim = "Wait"
+        self.removed = False
+        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
+        self.used_t = self.used_s = 0
+        self.queued_t = self.queued_s = self.queued_count = 0
+        self.queues: dict[str, deque[_Waiting]] = {}
+        self.tenant_tokens: dict[str, int] = {}
+
+    def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
+        alloc = pool.tiers.get(tier.name)
+        self.rank = tier.rank
+        self.engine_priority = tier.engine_priority
+        self.max_wait = max(0.0, tier.max_queue_wait_seconds)
+        self.reclaim = tier.reclaim
+        self.removed = False
+        self.floor_t = alloc.floor_tokens if alloc else 0
+        self.floor_s = alloc.floor_slots if alloc else 0
+        self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
+        self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
+
+    def retire(self, rank: int) -> None:
+        """The tier left the policy: keep its reservations, guarantee it nothing."""
+        self.removed = True
+        self.rank = rank
+        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
+
+
+@dataclass
+class _Replica:
+    name: str
+    url: str
+    track: str
+    ready: bool
+    listed: bool = True  # still in the config (else kept only until its reservations end)
+    tokens: int = 0
+    slots: int = 0
+    by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
+
+    def load(self, below_rank: int | None) -> ReplicaLoad:
+        pre_t = pre_s = 0
+        if below_rank is not None:
+            for rank, (t, s) in self.by_rank.items():
+                if rank > below_rank:
+                    pre_t += t
+                    pre_s += s
+        return ReplicaLoad(
+            name=self.name,
+            track=self.track,
+            ready=self.ready and self.listed,
+            reserved_tokens=self.tokens,
+            reserved_slots=self.slots,
+            preemptible_tokens=pre_t,
+            preemptible_slots=pre_s,
+        )
+
+    def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:
+        self.tokens += sign * tokens
+        self.slots += sign * slots
+        cell = self.by_rank.setdefault(rank, [0, 0])
+        cell[0] += sign * tokens
+        cell[1] += sign * slots
+        if cell == [0, 0]:
+            del self.by_rank[rank]
+
+
 @dataclass
 class _Reservation:
     request: AdmissionRequest
+    tier: _TierState
     admitted_at: float
-    replica: str | None
-    rank: int
-    tier_known: bool = True
+    replica: _Replica | None
+    rank: int  # rank at admission (replica per-rank accounting)
 
 
 @dataclass
 class _Waiting:
     request: AdmissionRequest
+    tier: _TierState
     arrived_at: float
     deadline: float
     seq: int
     alive: bool = True
 
 
-@dataclass
-class _Usage:
-    tokens: int = 0
-    slots: int = 0
-    per_rank: dict[int, tuple[int, int]] = field(default_factory=dict)
+@dataclass(frozen=True)
+class _Position:
+    """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
+
+    deficit_t: int
+    deficit_s: int
+    lower_over_t: int  # capacity lower-priority tiers hold above their floors
+    lower_over_s: int
 
 
 class AdmissionController:
@@ -284,11 +385,70 @@ class AdmissionController:
     """
 
     def __init__(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
-        raise NotImplementedError
+        self._tiers: dict[str, _TierState] = {}
+        self._order: list[_TierState] = []
+        self._replicas: dict[str, _Replica] = {}
+        self._reservations: dict[str, _Reservation] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._tenant_inflight: dict[str, int] = {}
+        self._seq = 0
+        self._used_t = self._used_s = 0
+        self._mean_hold: float | None = None
+        self._preempt_admissions = 0
+        self._estimate_error = 0
+        self._settled = 0
+        self._orphans: list[Admit] = []
+        self._apply_plan(pool, tiers)
+
+    # ------------------------------------------------------------------ public API
 
     def offer(self, request: AdmissionRequest, now: float) -> Verdict:
         """Admit now, queue, or reject at once. Raises ValueError on a duplicate id."""
-        raise NotImplementedError
+        rid = request.request_id
+        if rid in self._reservations or rid in self._waiting:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if request.tokens < 0 or request.slots < 1:
+            raise ValueError(
+                f"bad reservation size: {request.tokens} tokens, {request.slots} slots"
+            )
+        reject = self._reject_on_arrival(request)
+        if reject is not None:
+            return reject
+        tier = self._tiers[request.tier]
+        waiting = _Waiting(request, tier, now, now + tier.max_wait, self._next_seq())
+        self._enqueue(waiting)
+        mine: Admit | None = None
+        for admit in self._dispatch(now):
+            if admit.request_id == rid:
+                mine = admit
+            else:  # cannot happen while the dispatcher reaches a fixed point; never lose one
+                self._orphans.append(admit)
+        if mine is not None:
+            return mine
+        ahead_t, ahead_s = self._ahead(tier, request)
+        wait = self._expected_wait(request, ahead_t, ahead_s)
+        if wait is not None and wait > tier.max_wait:
+            self._unqueue(waiting)
+            return Reject(
+                request_id=rid,
+                tier=tier.name,
+                outcome="rejected-deadline",
+                reason=REASON_QUEUE_WAIT,
+                message=(
+                    f"tier {tier.name!r} cannot start this request within its maximum queue "
+                    f"wait of {tier.max_wait:g}s (expected ~{wait:.1f}s): retry later"
+                ),
+                http_status=SERVICE_UNAVAILABLE,
+                retry_after_seconds=_retry_after(wait),
+            )
+        return Queue(
+            request_id=rid,
+            tier=tier.name,
+            deadline=waiting.deadline,
+            ahead_tokens=ahead_t,
+            estimated_wait_seconds=wait,
+        )
 
     def release(self, reservation_id: str, now: float, actual_tokens: int | None = None) -> Wakeups:
         """End a reservation (completion, disconnect, engine failure); idempotent.
@@ -298,34 +458,594 @@ class AdmissionController:
         released ids are ignored (returns an empty :class:`Wakeups` unless the dispatcher
         finds something to start).
         """
-        raise NotImplementedError
+        res = self._reservations.pop(reservation_id, None)
+        if res is None:
+            return self._wakeups([], [])
+        req, tier = res.request, res.tier
+        tier.used_t -= req.tokens
+        tier.used_s -= req.slots
+        self._used_t -= req.tokens
+        self._used_s -= req.slots
+        left = tier.tenant_tokens.get(req.tenant, 0) - req.tokens
+        if left > 0:
+            tier.tenant_tokens[req.tenant] = left
+        else:
+            tier.tenant_tokens.pop(req.tenant, None)
+        inflight = self._tenant_inflight.get(req.tenant, 0) - 1
+        if inflight > 0:
+            self._tenant_inflight[req.tenant] = inflight
+        else:
+            self._tenant_inflight.pop(req.tenant, None)
+        if res.replica is not None:
+            res.replica.add(res.rank, req.tokens, req.slots, -1)
+            if not res.replica.listed and res.replica.tokens == 0 and res.replica.slots == 0:
+                self._replicas.pop(res.replica.name, None)
+        if tier.removed and tier.used_s == 0 and tier.used_t == 0 and tier.queued_count == 0:
+            self._drop_tier(tier)
+        hold = max(0.0, float(now - res.admitted_at))
+        self._mean_hold = (
+            hold
+            if self._mean_hold is None
+            else (1 - EWMA_ALPHA) * self._mean_hold + EWMA_ALPHA * hold
+        )
+        if actual_tokens is not None:
+            self._estimate_error += req.tokens - actual_tokens
+            self._settled += 1
+        return self._wakeups(self._dispatch(now), [])
 
     def cancel(self, request_id: str, now: float) -> Wakeups:
         """Withdraw a *queued* request (client gone). An admitted id is released instead."""
-        raise NotImplementedError
+        if request_id in self._reservations:
+            return self.release(request_id, now)
+        waiting = self._waiting.get(request_id)
+        if waiting is None:
+            return self._wakeups([], [])
+        self._unqueue(waiting)
+        return self._wakeups(self._dispatch(now), [])
 
     def expire(self, now: float) -> Wakeups:
         """Reject queued requests whose deadline is <= now (``rejected-deadline``)."""
-        raise NotImplementedError
+        rejected: list[Reject] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, rid = heapq.heappop(self._deadlines)
+            waiting = self._waiting.get(rid)
+            if waiting is None or not waiting.alive:
+                continue
+            self._unqueue(waiting)
+            rejected.append(
+                Reject(
+                    request_id=rid,
+                    tier=waiting.tier.name,
+                    outcome="rejected-deadline",
+                    reason=REASON_DEADLINE_PASSED,
+                    message=(
+                        f"not started within tier {waiting.tier.name!r}'s maximum queue wait "
+                        f"of {waiting.tier.max_wait:g}s: retry later"
+                    ),
+                    http_status=SERVICE_UNAVAILABLE,
+                    retry_after_seconds=_retry_after(self._mean_hold or waiting.tier.max_wait),
+                    queued_seconds=max(0.0, float(now - waiting.arrived_at)),
+                )
+            )
+        if not rejected:
+            return self._wakeups([], [])
+        return self._wakeups(self._dispatch(now), rejected)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a queued request (when to call :meth:`expire`)."""
-        raise NotImplementedError
+        while self._deadlines:
+            deadline, _, rid = self._deadlines[0]
+            waiting = self._waiting.get(rid)
+            if waiting is not None and waiting.alive:
+                return deadline
+            heapq.heappop(self._deadlines)
+        return None
 
     def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier], now: float) -> Wakeups:
         """Adopt a new plan. In-flight reservations are kept (never revoked); if capacity
         shrank, nothing is admitted until usage is back under the plan. Queued requests of
         a removed tier, or that can no longer ever fit, are rejected."""
-        raise NotImplementedError
+        removed = self._apply_plan(pool, tiers)
+        rejected: list[Reject] = []
+        for waiting in list(self._waiting.values()):
+            tier = waiting.tier
+            if tier in removed:
+                reason, status = REASON_TIER_REMOVED, SERVICE_UNAVAILABLE
+                message = f"tier {tier.name!r} was removed from the pool's policy"
+            elif self._pool.plan_ok and self._never_fits(waiting.request, tier):
+                reason, status = REASON_TOO_LARGE_FOR_POOL, PAYLOAD_TOO_LARGE
+                message = self._too_large_message(waiting.request, tier)
+            else:
+                continue
+            self._unqueue(waiting)
+            rejected.append(
+                Reject(
+                    request_id=waiting.request.request_id,
+                    tier=tier.name,
+                    outcome="rejected-capacity",
+                    reason=reason,
+                    message=message,
+                    http_status=status,
+                    queued_seconds=max(0.0, float(now - waiting.arrived_at)),
+                )
+            )
+        for tier in removed:
+            if tier.used_t == 0 and tier.used_s == 0 and tier.queued_count == 0:
+                self._drop_tier(tier)
+        return self._wakeups(self._dispatch(now), rejected)
 
     def set_replica_ready(self, name: str, ready: bool, now: float) -> Wakeups:
         """Mark a replica (un)routable between config reloads (e.g. after engine errors)."""
-        raise NotImplementedError
+        replica = self._replicas.get(name)
+        if replica is None or replica.ready == ready:
+            return self._wakeups([], [])
+        replica.ready = ready
+        return self._wakeups(self._dispatch(now) if ready else [], [])
 
     def snapshot(self) -> AdmissionSnapshot:
         """In-use vs plan per tier and replica, queue sizes and counters."""
-        raise NotImplementedError
+        lent_t = self._lent(tokens=True)
+        lent_s = self._lent(tokens=False)
+        pos = self._position(None, 0, 0, None)
+        over_t = sum(max(0, t.used_t - t.floor_t) for t in self._order)
+        over_s = sum(max(0, t.used_s - t.floor_s) for t in self._order)
+        tiers = tuple(
+            TierUsage(
+                tier=t.name,
+                rank=t.rank,
+                in_use_tokens=t.used_t,
+                in_use_slots=t.used_s,
+                floor_tokens=t.floor_t,
+                floor_slots=t.floor_s,
+                borrowed_tokens=max(0, t.used_t - t.floor_t),
+                borrowed_slots=max(0, t.used_s - t.floor_s),
+                lent_tokens=lent_t.get(t.name, 0),
+                lent_slots=lent_s.get(t.name, 0),
+                queued_requests=t.queued_count,
+                queued_tokens=t.queued_t,
+            )
+            for t in self._order
+        )
+        replicas = tuple(
+            ReplicaUsage(
+                name=r.name,
+                track=r.track,
+                ready=r.ready and r.listed,
+                reserved_tokens=r.tokens,
+                reserved_slots=r.slots,
+                capacity_tokens=self._pool.tokens_per_replica,
+                capacity_slots=self._pool.slots_per_replica,
+            )
+            for r in self._replicas.values()
+        )
+        return AdmissionSnapshot(
+            pool=self._pool.name,
+            total_tokens=self._pool.total_tokens,
+            total_slots=self._pool.total_slots,
+            in_use_tokens=self._used_t,
+            in_use_slots=self._used_s,
+            shared_used_tokens=min(over_t, max(0, self._pool.shared_tokens)),
+            shared_used_slots=min(over_s, max(0, self._pool.shared_slots)),
+            overcommit_tokens=max(0, pos.deficit_t),
+            overcommit_slots=max(0, pos.deficit_s),
+            tiers=tiers,
+            replicas=replicas,
+            in_flight=len(self._reservations),
+            queued=len(self._waiting),
+            preempt_admissions=self._preempt_admissions,
+            mean_hold_seconds=self._mean_hold,
+            estimate_error_tokens=self._estimate_error,
+            settled=self._settled,
+        )
 
     def verdict_of(self, request_id: str) -> Literal["queued", "admitted"] | None:
         """Whether an id is queued, admitted (in flight) or unknown."""
-        raise NotImplementedError
+        if request_id in self._reservations:
+            return "admitted"
+        if request_id in self._waiting:
+            return "queued"
+        return None
+
+    # ------------------------------------------------------------------ plan
+
+    def _apply_plan(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> list[_TierState]:
+        """Install a plan; returns the tier states that left the policy."""
+        self._pool = pool
+        names = {t.name for t in tiers}
+        for tier in tiers:
+            self._tiers.setdefault(tier.name, _TierState(tier.name)).configure(tier, pool)
+        removed = [t for name, t in self._tiers.items() if name not in names and not t.removed]
+        base = max((t.rank for t in tiers), default=0) + 1
+        for offset, state in enumerate(sorted(removed, key=lambda s: s.rank)):
+            state.retire(base + offset)
+        for offset, state in enumerate(t for t in self._tiers.values() if t.removed):
+            state.rank = base + offset
+        self._order = sorted(self._tiers.values(), key=lambda s: s.rank)
+        listed: set[str] = set()
+        for track in pool.tracks:
+            for endpoint in track.endpoints:
+                listed.add(endpoint.name)
+                replica = self._replicas.get(endpoint.name)
+                if replica is None:
+                    self._replicas[endpoint.name] = _Replica(
+                        endpoint.name, endpoint.url, track.name, endpoint.ready
+                    )
+                else:
+                    replica.url, replica.track = endpoint.url, track.name
+                    replica.ready, replica.listed = endpoint.ready, True
+        for name, replica in list(self._replicas.items()):
+            if name not in listed:
+                replica.listed = False
+                if replica.tokens == 0 and replica.slots == 0:
+                    del self._replicas[name]
+        return removed
+
+    def _drop_tier(self, tier: _TierState) -> None:
+        if self._tiers.get(tier.name) is tier:
+            del self._tiers[tier.name]
+            self._order = [t for t in self._order if t is not tier]
+
+    # ------------------------------------------------------------------ arrival checks
+
+    def _reject_on_arrival(self, request: AdmissionRequest) -> Reject | None:
+        tier = self._tiers.get(request.tier)
+
+        def reject(
+            outcome: Literal["rejected-deadline", "rejected-capacity"],
+            reason: str,
+            message: str,
+            status: int,
+        ) -> Reject:
+            return Reject(request.request_id, request.tier, outcome, reason, message, status)
+
+        if not self._pool.plan_ok:
+            return reject(
+                "rejected-capacity",
+                REASON_NO_PLAN,
+                f"pool {self._pool.name!r} has no capacity plan yet: retry later",
+                SERVICE_UNAVAILABLE,
+            )
+        if tier is None or tier.removed:
+            return reject(
+                "rejected-capacity",
+                REASON_UNKNOWN_TIER,
+                f"pool {self._pool.name!r} has no tier {request.tier!r}",
+                SERVICE_UNAVAILABLE,
+            )
+        if self._never_fits(request, tier):
+            return reject(
+                "rejected-capacity",
+                REASON_TOO_LARGE_FOR_POOL,
+                self._too_large_message(request, tier),
+                PAYLOAD_TOO_LARGE,
+            )
+        if self._replicas and not any(
+            r.ready and r.listed and (request.track is None or r.track == request.track)
+            for r in self._replicas.values()
+        ):
+            return reject(
+                "rejected-capacity",
+                REASON_NO_READY_REPLICA,
+                f"no ready replica of pool {self._pool.name!r}"
+                + (f" on track {request.track!r}" if request.track else ""),
+                SERVICE_UNAVAILABLE,
+            )
+        return None
+
+    def _ceiling(self, tier: _TierState) -> tuple[int, int]:
+        """The most one request of ``tier`` could ever hold in an otherwise idle pool."""
+        pool = self._pool
+        others_t = sum(t.lend_t for t in self._order if t is not tier)
+        others_s = sum(t.lend_s for t in self._order if t is not tier)
+        cap_t = min(pool.total_tokens, tier.floor_t + max(0, pool.shared_tokens) + others_t)
+        cap_s = min(pool.total_slots, tier.floor_s + max(0, pool.shared_slots) + others_s)
+        if self._replicas:
+            cap_t = min(cap_t, pool.tokens_per_replica)
+            cap_s = min(cap_s, pool.slots_per_replica)
+        return cap_t, cap_s
+
+    def _never_fits(self, request: AdmissionRequest, tier: _TierState) -> bool:
+        cap_t, cap_s = self._ceiling(tier)
+        return request.tokens > cap_t or request.slots > cap_s
+
+    def _too_large_message(self, request: AdmissionRequest, tier: _TierState) -> str:
+        cap_t, cap_s = self._ceiling(tier)
+        return (
+            f"the request needs {request.tokens} KV tokens and {request.slots} slot(s); tier "
+            f"{tier.name!r} of pool {self._pool.name!r} can hold at most {cap_t} tokens and "
+            f"{cap_s} slots for one request"
+        )
+
+    # ------------------------------------------------------------------ queue
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _enqueue(self, waiting: _Waiting) -> None:
+        req, tier = waiting.request, waiting.tier
+        self._waiting[req.request_id] = waiting
+        tier.queues.setdefault(req.tenant, deque()).append(waiting)
+        tier.queued_t += req.tokens
+        tier.queued_s += req.slots
+        tier.queued_count += 1
+        heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
+
+    def _unqueue(self, waiting: _Waiting) -> None:
+        """Remove a waiting request (lazy in its deque and in the deadline heap)."""
+        if not waiting.alive:
+            return
+        waiting.alive = False
+        req, tier = waiting.request, waiting.tier
+        del self._waiting[req.request_id]
+        tier.queued_t -= req.tokens
+        tier.queued_s -= req.slots
+        tier.queued_count -= 1
+        queue = tier.queues.get(req.tenant)
+        if queue is not None:
+            while queue and not queue[0].alive:
+                queue.popleft()
+            if not queue:
+                del tier.queues[req.tenant]
+
+    def _head(self, tier: _TierState) -> _Waiting | None:
+        """The tier's next request: the waiting tenant with the lowest in-use/weight."""
+        best: _Waiting | None = None
+        best_key: tuple[float, int] | None = None
+        for tenant, queue in list(tier.queues.items()):
+            while queue and not queue[0].alive:
+                queue.popleft()
+            if not queue:
+                del tier.queues[tenant]
+                continue
+            head = queue[0]
+            req = head.request
+            limit = req.max_concurrency
+            if limit is not None and self._tenant_inflight.get(tenant, 0) >= limit:
+                continue
+            key = (tier.tenant_tokens.get(tenant, 0) / max(1, req.weight), head.seq)
+            if best_key is None or key < best_key:
+                best, best_key = head, key
+        return best
+
+    def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
+        """Tokens and slots queued ahead of a new request (its tier and higher tiers)."""
+        ahead_t = ahead_s = 0
+        for t in self._order:
+            if t.rank > tier.rank:
+                break
+            ahead_t += t.queued_t
+            ahead_s += t.queued_s
+        return ahead_t - request.tokens, ahead_s - request.slots
+
+    def _expected_wait(self, request: AdmissionRequest, ahead_t: int, ahead_s: int) -> float | None:
+        """Seconds until enough is released for the queue ahead and this request (None: unknown)."""
+        if self._mean_hold is None or self._mean_hold <= 0:
+            return None
+        free_t = max(0, self._pool.total_tokens - self._used_t)
+        free_s = max(0, self._pool.total_slots - self._used_s)
+        need_t = max(0, ahead_t + request.tokens - free_t)
+        need_s = max(0, ahead_s + request.slots - free_s)
+        if need_t == 0 and need_s == 0:
+            return 0.0
+        waits = []
+        for need, used in ((need_t, self._used_t), (need_s, self._used_s)):
+            if need > 0:
+                if used <= 0:
+                    return None  # nothing in flight to drain: the queue decides
+                waits.append(need * self._mean_hold / used)
+        return max(waits)
+
+    # ------------------------------------------------------------------ feasibility
+
+    def _position(
+        self,
+        tier: _TierState | None,
+        tokens: int,
+        slots: int,
+        wants: dict[str, tuple[int, int]] | None,
+    ) -> _Position:
+        """The state with a request added to ``tier``: deficit <= 0 means feasible.
+
+        ``wants`` (tier -> tokens, slots) hold back part of a tier's idle floor from
+        borrowers: a tier waiting for its own floor does not lend it out again.
+        """
+        pool = self._pool
+        def_t = self._used_t + tokens - pool.total_tokens
+        def_s = self._used_s + slots - pool.total_slots
+        over_t = over_s = idle_t = idle_s = lower_t = lower_s = 0
+        for t in self._order:
+            ut, us = t.used_t, t.used_s
+            if t is tier:
+                ut += tokens
+                us += slots
+            own_t = ut if ut < t.floor_t else t.floor_t
+            own_s = us if us < t.floor_s else t.floor_s
+            over_t += ut - own_t
+            over_s += us - own_s
+            if tier is not None and t.rank > tier.rank:
+                lower_t += ut - own_t
+                lower_s += us - own_s
+            free_t = t.floor_t - own_t
+            free_s = t.floor_s - own_s
+            if wants is not None and t is not tier and t.name in wants:
+                want_t, want_s = wants[t.name]
+                free_t = max(0, free_t - want_t)
+                free_s = max(0, free_s - want_s)
+            idle_t += t.lend_t if t.lend_t < free_t else free_t
+            idle_s += t.lend_s if t.lend_s < free_s else free_s
+        def_t = max(def_t, over_t - max(0, pool.shared_tokens) - idle_t)
+        def_s = max(def_s, over_s - max(0, pool.shared_slots) - idle_s)
+        return _Position(def_t, def_s, lower_t, lower_s)
+
+    def _lent(self, *, tokens: bool) -> dict[str, int]:
+        """Who lends what to borrowers: lowest-priority lenders first (accounting only)."""
+        shared = max(0, self._pool.shared_tokens if tokens else self._pool.shared_slots)
+        over = 0
+        free: list[tuple[_TierState, int]] = []
+        for t in self._order:
+            used, floor, lend = (
+                (t.used_t, t.floor_t, t.lend_t) if tokens else (t.used_s, t.floor_s, t.lend_s)
+            )
+            own = min(used, floor)
+            over += used - own
+            free.append((t, min(lend, floor - own)))
+        need = max(0, over - shared)
+        lent: dict[str, int] = {}
+        for t, idle in reversed(free):
+            if need <= 0:
+                break
+            give = min(need, idle)
+            if give > 0:
+                lent[t.name] = give
+                need -= give
+        return lent
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self, now: float) -> list[Admit]:
+        """Start every waiting request that can start, by priority, floors and fairness."""
+        admitted: list[Admit] = []
+        if not self._waiting:
+            return admitted
+        heads: dict[str, _Waiting | None] = {t.name: self._head(t) for t in self._order}
+        wants: dict[str, tuple[int, int]] = {}
+        for t in self._order:
+            head = heads[t.name]
+            if head is not None and self._within_floor(t, head.request):
+                wants[t.name] = (head.request.tokens, head.request.slots)
+        borrowing_closed = False
+        for tier in self._order:
+            head = heads[tier.name]
+            while head is not None:
+                within = self._within_floor(tier, head.request)
+                if not within and borrowing_closed:
+                    break
+                admit = self._try_start(tier, head, within, wants, now)
+                if admit is None:
+                    borrowing_closed = True
+                    break
+                admitted.append(admit)
+                head = self._head(tier)
+                wants.pop(tier.name, None)
+                if head is not None and self._within_floor(tier, head.request):
+                    wants[tier.name] = (head.request.tokens, head.request.slots)
+        return admitted
+
+    @staticmethod
+    def _within_floor(tier: _TierState, request: AdmissionRequest) -> bool:
+        return (
+            tier.used_t + request.tokens <= tier.floor_t
+            and tier.used_s + request.slots <= tier.floor_s
+        )
+
+    def _try_start(
+        self,
+        tier: _TierState,
+        waiting: _Waiting,
+        within: bool,
+        wants: dict[str, tuple[int, int]],
+        now: float,
+    ) -> Admit | None:
+        req = waiting.request
+        pos = self._position(tier, req.tokens, req.slots, None if within else wants)
+        preempts = False
+        if pos.deficit_t > 0 or pos.deficit_s > 0:
+            if not (
+                within
+                and tier.reclaim == "Preempt"
+                and pos.deficit_t <= pos.lower_over_t
+                and pos.deficit_s <= pos.lower_over_s
+            ):
+                return None
+            preempts = True
+        replica: _Replica | None = None
+        if self._replicas:
+            choice = decide_replica(
+                [r.load(tier.rank if preempts else None) for r in self._replicas.values()],
+                tokens=req.tokens,
+                slots=req.slots,
+                tokens_per_replica=self._pool.tokens_per_replica,
+                slots_per_replica=self._pool.slots_per_replica,
+                track=req.track,
+                allow_preempt=preempts,
+            )
+            if isinstance(choice, NoReplica):
+                return None
+            replica = self._replicas[choice.name]
+        borrowed_from: tuple[str, ...] = ()
+        if not within:
+            borrowed_from = self._borrow_sources(tier, req)
+        self._commit(tier, waiting, replica, now)
+        if preempts:
+            self._preempt_admissions += 1
+        return Admit(
+            request_id=req.request_id,
+            tenant=req.tenant,
+            tier=tier.name,
+            tokens=req.tokens,
+            slots=req.slots,
+            outcome="admitted" if within else "borrowed",
+            borrowed_from=borrowed_from,
+            replica=replica.name if replica else None,
+            replica_url=replica.url if replica else None,
+            track=replica.track if replica else None,
+            preempts=preempts,
+            queued_seconds=max(0.0, float(now - waiting.arrived_at)),
+            engine_priority=tier.engine_priority,
+        )
+
+    def _borrow_sources(self, tier: _TierState, req: AdmissionRequest) -> tuple[str, ...]:
+        """Who lends to this borrowing request: the shared remainder and/or tier floors."""
+        lent_before = (self._lent(tokens=True), self._lent(tokens=False))
+        shared_before = self._shared_used()
+        tier.used_t += req.tokens
+        tier.used_s += req.slots
+        lent_after = (self._lent(tokens=True), self._lent(tokens=False))
+        shared_after = self._shared_used()
+        tier.used_t -= req.tokens
+        tier.used_s -= req.slots
+        sources: list[str] = []
+        if shared_after[0] > shared_before[0] or shared_after[1] > shared_before[1]:
+            sources.append(SHARED)
+        for t in self._order:
+            if t is not tier and any(
+                after.get(t.name, 0) > before.get(t.name, 0)
+                for before, after in zip(lent_before, lent_after, strict=True)
+            ):
+                sources.append(t.name)
+        return tuple(sources)
+
+    def _shared_used(self) -> tuple[int, int]:
+        over_t = sum(max(0, t.used_t - t.floor_t) for t in self._order)
+        over_s = sum(max(0, t.used_s - t.floor_s) for t in self._order)
+        return (
+            min(over_t, max(0, self._pool.shared_tokens)),
+            min(over_s, max(0, self._pool.shared_slots)),
+        )
+
+    def _commit(
+        self, tier: _TierState, waiting: _Waiting, replica: _Replica | None, now: float
+    ) -> None:
+        req = waiting.request
+        self._unqueue(waiting)
+        tier.used_t += req.tokens
+        tier.used_s += req.slots
+        self._used_t += req.tokens
+        self._used_s += req.slots
+        tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
+        self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
+        if replica is not None:
+            replica.add(tier.rank, req.tokens, req.slots, +1)
+        self._reservations[req.request_id] = _Reservation(req, tier, now, replica, tier.rank)
+
+    def _wakeups(self, admitted: list[Admit], rejected: list[Reject]) -> Wakeups:
+        if self._orphans:
+            admitted = self._orphans + admitted
+            self._orphans = []
+        return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
+
+
+def _retry_after(seconds: float) -> float:
+    """A Retry-After suggestion: whole seconds, at least 1."""
+    return float(max(1, math.ceil(seconds)))
