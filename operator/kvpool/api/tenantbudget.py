@@ -16,7 +16,6 @@ from kvpool.api.common import (
     ApiModel,
     Condition,
     DnsLabel,
-    Duration,
     LocalObjectReference,
     ObjectMeta,
     SecretKeyReference,
@@ -51,8 +50,10 @@ class BudgetLimit(ApiModel):
         )
     }
 
-    window: Duration = Field(
+    # A plain str: on a Duration, the Annotated pattern would win over this one-unit pattern.
+    window: str = Field(
         pattern=r"^[1-9][0-9]{0,6}(s|m|h|d)$",
+        max_length=32,
         description="Sliding window, one unit: e.g. '1m', '1h', '1d', '30d' (1m to 31d).",
     )
     tokens: int = Field(
