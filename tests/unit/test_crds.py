@@ -17,6 +17,7 @@ from kvpool.api.crd import (
     assess_structural_schema,
     build_crd,
     build_crds,
+    build_structural_schema,
     render_crd_yaml,
 )
 from kvpool.cli import main
@@ -296,3 +297,17 @@ def test_generation_does_not_share_state() -> None:
     _schema(mutated[0])["properties"].clear()
 
     assert build_crds() == first
+
+
+def test_a_union_no_structural_schema_can_express_is_refused() -> None:
+    from pydantic import BaseModel, Field
+
+    class Odd(BaseModel):
+        """A model with a list-or-integer field."""
+
+        value: int | list[int] = Field(description="Either.")
+
+    raw = Odd.model_json_schema()
+
+    with pytest.raises(ValueError, match="a union a structural schema cannot express"):
+        build_structural_schema(raw, raw.get("$defs", {}))

@@ -9,6 +9,7 @@ is about. The CLI runs in-process through ``kvpool.cli.main``; one test runs the
 from __future__ import annotations
 
 import base64
+import io
 import subprocess
 import sys
 from collections.abc import Callable
@@ -547,6 +548,16 @@ def test_references_resolve_across_files(
 
     assert alone[0] == 1
     assert together[:2] == (0, ["2 objects valid"])
+
+
+def test_standard_input_is_read_for_a_dash(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all(valid_set().documents())))
+
+    code, out, _ = run_cli(capsys, "validate", "-f", "-")
+
+    assert (code, out) == (0, ["4 objects valid"])
 
 
 def test_console_script_reports_problems_without_a_traceback(tmp_path: Path) -> None:
