@@ -43,7 +43,7 @@ from kvpool.api.validation.results import (
     SecretData,
     ValidatedSet,
 )
-from kvpool.api.validation.rules import check_extensions
+from kvpool.api.validation.rules import UNEVALUATED, check_extensions
 from kvpool.api.validation.schema import apply_defaults, check_schema, format_path
 
 BuiltinCheck = Callable[[Mapping[str, Any]], list[Finding]]
@@ -114,7 +114,7 @@ def check_custom_object(body: Mapping[str, Any]) -> tuple[BaseModel | None, list
     rule_findings = check_extensions(schema, defaulted)
     if schema_findings:
         # Rules over ill-typed data cannot be evaluated; the schema finding says why.
-        rule_findings = [f for f in rule_findings if "could not be evaluated" not in f.reason]
+        rule_findings = [f for f in rule_findings if UNEVALUATED not in f.reason]
     findings += schema_findings + rule_findings
     if findings:
         return None, findings
@@ -175,17 +175,15 @@ def check_document(
 
     if not isinstance(kind, str) or not isinstance(api_version, str):
         missing = "kind" if not isinstance(kind, str) else "apiVersion"
-        where = label if any(label) else ("", "")
-        path = missing if any(where) else f"document {doc.index}: {missing}"
-        return None, [Problem(doc.source, *where, path, "required field is missing")]
+        path = missing if any(label) else f"document {doc.index}: {missing}"
+        return None, [Problem(doc.source, *label, path, "required field is missing")]
     if crd_kind(kind) is not None and api_version.split("/")[0] == GROUP:
         if api_version != API_VERSION:
             reason = f"{api_version} is not served; use {API_VERSION}"
             return None, located([Finding("apiVersion", reason)])
         model, findings = check_custom_object(body)
-        return (model if isinstance(model, ModelPool | TierPolicy | TenantBudget) else None), (
-            located(findings)
-        )
+        typed = model if isinstance(model, ModelPool | TierPolicy | TenantBudget) else None
+        return typed, located(findings)
     if (api_version, kind) in BUILTIN_KINDS:
         findings = check_metadata(body, namespaced=kind != "Namespace")
         findings += check_builtin(body) if check_builtin is not None else []

@@ -45,6 +45,9 @@ def _replace(text: str, old: str, new: str, limit: int = -1) -> str:
     return text.replace(old, new, limit)
 
 
+# Marks a finding about a rule that gave no verdict (rather than a violated rule).
+UNEVALUATED = "could not be evaluated"
+
 KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {"sum": _sum, "replace": _replace}
 
 
@@ -122,7 +125,5 @@ def check_extensions(
         if verdict is False:
             findings.append(Finding(where, entry.get("message") or f"failed rule: {entry['rule']}"))
         elif verdict is not True:
-            findings.append(
-                Finding(where, f"rule {entry['rule']!r} could not be evaluated: {verdict}")
-            )
+            findings.append(Finding(where, f"rule {entry['rule']!r} {UNEVALUATED}: {verdict}"))
     return findings
