@@ -57,6 +57,7 @@ class CapacityAssessment:
     """The capacity figure to plan with and how it was arrived at."""
 
     kv_tokens: int | None  # the measured figure for the planner; None: use the declared one
+    declared_kv_tokens: int | None  # the spec's figure (shown in status until measured)
     source: Literal["Measured", "Declared", "None"]  # as in status.capacity.source
     reason: str  # CapacityMeasured condition reason (Measured, KeptLastMeasurement, ...)
     block_size: int | None  # engine KV block size in tokens
@@ -76,7 +77,9 @@ class CapacityAssessment:
     def to_status(self) -> MeasuredCapacity:
         """The assessment as ``status.capacity``."""
         return MeasuredCapacity(
-            kv_tokens_per_replica=self.kv_tokens,
+            kv_tokens_per_replica=(
+                self.kv_tokens if self.kv_tokens is not None else self.declared_kv_tokens
+            ),
             block_size=self.block_size,
             source=self.source,
             revision=self.revision,
@@ -106,6 +109,7 @@ def assess_capacity(
         unchanged = last is not None and last_kv == low and last.revision == revision
         return CapacityAssessment(
             kv_tokens=low,
+            declared_kv_tokens=declared,
             source="Measured",
             reason=c.MEASURED,
             block_size=min(blocks) if blocks else None,
@@ -121,6 +125,7 @@ def assess_capacity(
     if keep and last is not None:
         return CapacityAssessment(
             kv_tokens=last_kv,
+            declared_kv_tokens=declared,
             source="Measured",
             reason=c.KEPT_LAST_MEASUREMENT,
             block_size=last.block_size,
@@ -134,6 +139,7 @@ def assess_capacity(
         )
     return CapacityAssessment(
         kv_tokens=None,
+        declared_kv_tokens=declared,
         source="Declared" if declared is not None else "None",
         reason=c.DECLARED if declared is not None else c.NO_CAPACITY,
         block_size=None,

@@ -1,0 +1,56 @@
+"""The operator's own Prometheus metrics (reconciles, plans, measurements, config publishes).
+
+Why it exists: an operator on call must see whether the operator itself keeps up - how
+often it reconciles, how long that takes, what fails, how old the capacity measurements
+are - next to the engines' metrics. One registry per process, served on ``--metrics-port``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+@dataclass
+class OperatorMetrics:
+    """All series of the operator, registered on their own registry."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.reconciles = Counter(
+            "kvpool_operator_reconciles", "Pool reconciles by result.", ["result"], registry=r
+        )
+        self.reconcile_seconds = Histogram(
+            "kvpool_operator_reconcile_duration_seconds",
+            "Duration of one pool reconcile.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.errors = Counter("kvpool_operator_errors", "Errors by stage.", ["stage"], registry=r)
+        self.plans = Counter(
+            "kvpool_operator_plans", "Plans made by outcome (reason).", ["outcome"], registry=r
+        )
+        self.measurement_age = Gauge(
+            "kvpool_operator_measurement_age_seconds",
+            "Seconds since the last successful Prometheus snapshot.",
+            registry=r,
+        )
+        self.publishes = Counter(
+            "kvpool_operator_config_publishes",
+            "Admission ConfigMap writes by action (created, updated, unchanged).",
+            ["action"],
+            registry=r,
+        )
+        self.warm_replicas = Gauge(
+            "kvpool_operator_warm_replicas",
+            "Warm replicas planned per pool.",
+            ["namespace", "pool"],
+            registry=r,
+        )
+
+    def serve(self, port: int, host: str) -> None:
+        """Serve /metrics in a background thread."""
+        start_http_server(port, addr=host, registry=self.registry)
