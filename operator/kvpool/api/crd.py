@@ -95,7 +95,7 @@ CRD_KINDS: tuple[CrdKind, ...] = (
                 "KV tokens one replica holds.",
             ),
             PrinterColumn(
-                "Top Floor",
+                "Interactive Floor",
                 "integer",
                 ".status.plan.tiers[0].floorTokens",
                 "KV tokens guaranteed to the highest-priority tier (e.g. interactive).",

@@ -1,0 +1,105 @@
+"""``kvpool plan``: the report document, its table rendering, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpool.cli import main
+from kvpool.commands.plan import build_plan_report, render_table
+from tests.builders import make_pool, standard_policy
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_report_of_the_worked_example() -> None:
+    pool = make_pool("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8).obj()
+
+    report = build_plan_report([pool], [standard_policy().obj()], 200_000)
+
+    (entry,) = report["pools"]
+    assert report["formatVersion"] == 1
+    assert entry["ok"] is True
+    assert (entry["replicas"], entry["kvSource"]) == (3, "Override")
+    assert (entry["sharedTokens"], entry["sharedSlots"]) == (54_000, 18)
+    assert [(t["name"], t["floorTokens"], t["floorSlots"]) for t in entry["tiers"]] == [
+        ("interactive", 270_000, 87),
+        ("batch", 162_000, 52),
+        ("eval", 54_000, 17),
+    ]
+
+
+def test_unplannable_pool_is_reported_not_guessed() -> None:
+    report = build_plan_report([make_pool().obj()], [standard_policy().obj()], None)
+
+    (entry,) = report["pools"]
+    assert entry["ok"] is False
+    assert entry["error"]["reason"] == "CapacityUnknown"
+    assert entry["replicas"] is None
+    assert "NO PLAN (CapacityUnknown)" in render_table(report)
+
+
+def test_table_shows_floors_shared_and_warnings() -> None:
+    pool = make_pool("tight").replicas(1, 2).peak(interactive=500).obj()
+
+    table = render_table(build_plan_report([pool], [standard_policy().obj()], 200_000))
+
+    assert "ModelPool default/tight  (TierPolicy tiers)" in table
+    assert "warm replicas 2" in table
+    assert "180,000" in table  # usable tokens per replica, thousands separated
+    lines = table.splitlines()
+    interactive = next(line for line in lines if line.strip().startswith("interactive"))
+    assert interactive.split()[:4] == ["interactive", "50", "180,000", "58"]
+    assert any(line.strip().startswith("(shared)") for line in lines)
+    assert any("capacity short for tier 'interactive'" in line for line in lines)
+
+
+@pytest.mark.parametrize("output", ["json", "yaml", "table"])
+def test_cli_plans_the_examples(output: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "-f", str(EXAMPLES), "--kv-tokens-per-replica", "200000", "-o", output])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    if output == "table":
+        assert "ModelPool llm/llama-8b" in out
+        assert "ModelPool llm/llama-70b" in out
+        return
+    report = json.loads(out) if output == "json" else yaml.safe_load(out)
+    by_name = {p["name"]: p for p in report["pools"]}
+    assert set(by_name) == {"llama-8b", "llama-70b"}
+    assert by_name["llama-8b"]["replicas"] == 7
+    assert by_name["llama-8b"]["liveSequencesPerReplica"] == 47
+    assert by_name["llama-70b"]["replicas"] == 6
+    assert all(p["kvSource"] == "Override" for p in report["pools"])
+
+
+def test_cli_without_override_uses_declared_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(EXAMPLES), "-o", "json"]) == 0
+
+    report = json.loads(capsys.readouterr().out)
+    assert {p["name"]: p["kvTokensPerReplica"] for p in report["pools"]} == {
+        "llama-8b": 400_000,
+        "llama-70b": 380_000,
+    }
+    assert {p["kvSource"] for p in report["pools"]} == {"Declared"}
+
+
+def test_cli_refuses_invalid_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = make_pool("orphan").policy("missing").dict()
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(broken))
+
+    code = main(["plan", "-f", str(tmp_path)])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "ModelPool/orphan" in err
+    assert "spec.tierPolicyRef" in err
+    assert "no plan" in err
+
+
+def test_cli_rejects_a_non_positive_override(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(EXAMPLES), "--kv-tokens-per-replica", "0"]) == 2
+    assert "positive" in capsys.readouterr().err
