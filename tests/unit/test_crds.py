@@ -222,7 +222,7 @@ COLUMNS = {
         ("Ready", ".status.replicas.ready"),
         ("Warm", ".status.plan.replicas"),
         ("KV/Replica", ".status.capacity.kvTokensPerReplica"),
-        ("Top Floor", ".status.plan.tiers[0].floorTokens"),
+        ("Interactive Floor", ".status.plan.tiers[0].floorTokens"),
         ("Phase", ".status.phase"),
         ("Age", ".metadata.creationTimestamp"),
     ],
