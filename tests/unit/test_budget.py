@@ -10,11 +10,8 @@ expectations, which follow the worked examples in kvpool.domain.budget.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,6 +25,7 @@ from kvpool.adapters.budget_store import (
 )
 from kvpool.api.admission_config import BudgetWindow
 from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny
+from tests.support.redis_server import RedisFactory
 
 BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
 
@@ -126,35 +124,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """A real redis-server for this module (stopped at teardown)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server not installed (make deps)")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def redis_url(redis_server_module: RedisFactory) -> str:
+    """A real redis-server for this module (the shared fixture stops it)."""
+    return redis_server_module().url
 
 
 @pytest.fixture

@@ -1,0 +1,178 @@
+"""``kvpool gateway``: run the admission gateway from a config file or the operator's ConfigMap.
+
+Examples::
+
+    kvpool gateway --config admission.json --listen 127.0.0.1:8080
+    kvpool gateway --config admission.json --redis redis://127.0.0.1:6379/0
+    kvpool gateway --configmap kvpool-system --redis redis://redis:6379/0   # in a pod
+
+The config is re-read when it changes (file identity, or the ConfigMap's resourceVersion)
+and applied without dropping in-flight requests; a config that does not parse is logged,
+counted and ignored. SIGTERM/SIGINT stop accepting, let in-flight requests finish (up to
+``--shutdown-timeout``) and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from kvpool.adapters.budget_store import (
+    BudgetStore,
+    InMemoryBudgetStore,
+    RedisBudgetStore,
+    RedisDownPolicy,
+)
+from kvpool.adapters.config_source import (
+    ConfigError,
+    ConfigMapSource,
+    FileConfigSource,
+    KubeAccess,
+)
+from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.server import Gateway, GatewaySettings
+
+log = logging.getLogger("kvpool.gateway")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``kvpool gateway``."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", metavar="FILE", help="compiled admission config (JSON)")
+    source.add_argument(
+        "--configmap",
+        metavar="NAMESPACE",
+        help="read the operator's ConfigMap kvpool-admission in NAMESPACE (in a pod)",
+    )
+    parser.add_argument("--kube-server", help="Kubernetes API URL (default: in-cluster)")
+    parser.add_argument("--kube-token", help="bearer token for --kube-server")
+    parser.add_argument(
+        "--redis", metavar="URL", help="shared budgets in Redis (default: in memory)"
+    )
+    parser.add_argument(
+        "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
+    )
+    parser.add_argument(
+        "--redis-timeout", type=float, default=0.005, help="seconds per Redis call (default 0.005)"
+    )
+    parser.add_argument(
+        "--fail-closed-tier",
+        action="append",
+        default=[],
+        metavar="TIER",
+        help="while Redis is down, answer 503 for this tier (repeatable; default: fail open)",
+    )
+    parser.add_argument(
+        "--local-budget-fraction",
+        type=float,
+        default=0.1,
+        help="fail-open allowance per process while Redis is down, share of each limit",
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--upstream-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--no-engine-priority",
+        action="store_true",
+        help="do not set the engine 'priority' (engines not in priority scheduling mode)",
+    )
+    parser.add_argument("--reload-interval", type=float, default=1.0, help="seconds between polls")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0)
+    parser.add_argument("--no-access-log", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def _listen(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0", int(port))
+
+
+def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStore:
+    """The budget store the options ask for."""
+    if not args.redis:
+        return InMemoryBudgetStore()
+    policy = RedisDownPolicy(
+        fail_closed_tiers=frozenset(args.fail_closed_tier),
+        local_fraction=args.local_budget_fraction,
+    )
+    return RedisBudgetStore(
+        args.redis,
+        timeout=args.redis_timeout,
+        policy=policy,
+        on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
+    )
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT."""
+    source: FileConfigSource | ConfigMapSource
+    if args.config:
+        source = FileConfigSource(args.config, interval=args.reload_interval)
+        config: AdmissionConfig = source.load()
+    else:
+        access = (
+            KubeAccess(server=args.kube_server, token=args.kube_token)
+            if args.kube_server
+            else KubeAccess.in_cluster()
+        )
+        source = ConfigMapSource(args.configmap, access, interval=max(args.reload_interval, 2.0))
+        config = await source.load()
+    metrics = GatewayMetrics()
+    settings = GatewaySettings(
+        max_body_bytes=args.max_body_bytes,
+        upstream_timeout=args.upstream_timeout,
+        set_engine_priority=not args.no_engine_priority,
+        access_log=not args.no_access_log,
+    )
+    gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
+    runner = web.AppRunner(
+        gateway.app(),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    await runner.setup()
+    host, port = _listen(args.listen)
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    log.info(
+        "kvpool gateway on %s:%d: %d pools, %d tenants, budgets in %s",
+        host,
+        port,
+        len(config.pools),
+        len(config.tenants),
+        "redis" if args.redis else "memory",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(source.watch(gateway.apply_config, gateway.config_rejected))
+    try:
+        await stop.wait()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await runner.cleanup()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``kvpool gateway``."""
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(message)s" if args.log_level.upper() != "DEBUG" else "%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return asyncio.run(serve(args))
+    except ConfigError as exc:
+        print(f"kvpool gateway: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,195 @@
+"""The gateway's Prometheus metrics (own registry, served on ``/metrics``).
+
+Why this module exists: one place that names every series, so docs/0004-gateway.md, the
+alerts and the dashboards agree with the code. The first-class metric is the queue time
+by tier and pool: it is the latency the admission policy adds, and what a tier's
+``maxQueueWait`` promises.
+
+Series (all prefixed ``kvpool_gateway_``):
+
+- ``queue_seconds{pool,tier}`` histogram: time from arrival to admission (0 if immediate);
+- ``admission_decisions_total{pool,tier,outcome}``: admitted, borrowed, queued,
+  rejected-deadline, rejected-capacity, rejected-budget, demoted, rejected-unavailable,
+  rejected-estimate, forbidden;
+- ``tier_tokens{pool,tier,kind}`` / ``tier_slots{pool,tier,kind}`` gauges, kind = in_use,
+  floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
+- ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
+- ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
+- ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
+  ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
+- ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
+- ``redis_errors_total{op}``: budget store calls that failed or timed out;
+- ``budget_fallback_total{tier,result}``: budget verdicts made while Redis was down;
+- ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
+- ``requests_total{route,code}``, ``in_flight`` gauge, ``preempt_admissions_total{pool}``;
+- ``config_reloads_total{result}`` and ``config_info{namespace,generated_at}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvpool.domain.admission import AdmissionSnapshot
+
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+ERROR_BUCKETS = (-1024, -256, -64, -16, 0, 16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class _SnapshotCollector(Collector):
+    """In-use vs floor per tier, read from the admission controllers at scrape time."""
+
+    def __init__(self, snapshots: Callable[[], Iterable[AdmissionSnapshot]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        tokens = GaugeMetricFamily(
+            "kvpool_gateway_tier_tokens",
+            "KV tokens per tier: in_use, floor, borrowed (above floor), lent, queued.",
+            labels=["pool", "tier", "kind"],
+        )
+        slots = GaugeMetricFamily(
+            "kvpool_gateway_tier_slots",
+            "Sequence slots per tier: in_use, floor, borrowed (above floor), lent.",
+            labels=["pool", "tier", "kind"],
+        )
+        queued = GaugeMetricFamily(
+            "kvpool_gateway_queued_requests",
+            "Requests waiting for admission.",
+            labels=["pool", "tier"],
+        )
+        pool_tokens = GaugeMetricFamily(
+            "kvpool_gateway_pool_tokens",
+            "KV tokens per pool: total (plan) and in_use.",
+            labels=["pool", "kind"],
+        )
+        for snap in self._snapshots():
+            pool_tokens.add_metric([snap.pool, "total"], snap.total_tokens)
+            pool_tokens.add_metric([snap.pool, "in_use"], snap.in_use_tokens)
+            for t in snap.tiers:
+                for kind, value in (
+                    ("in_use", t.in_use_tokens),
+                    ("floor", t.floor_tokens),
+                    ("borrowed", t.borrowed_tokens),
+                    ("lent", t.lent_tokens),
+                    ("queued", t.queued_tokens),
+                ):
+                    tokens.add_metric([snap.pool, t.tier, kind], value)
+                for kind, value in (
+                    ("in_use", t.in_use_slots),
+                    ("floor", t.floor_slots),
+                    ("borrowed", t.borrowed_slots),
+                    ("lent", t.lent_slots),
+                ):
+                    slots.add_metric([snap.pool, t.tier, kind], value)
+                queued.add_metric([snap.pool, t.tier], t.queued_requests)
+        yield tokens
+        yield slots
+        yield queued
+        yield pool_tokens
+
+
+class GatewayMetrics:
+    """Every series of one gateway, in its own registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "kvpool_gateway_"
+        self.queue_seconds = Histogram(
+            p + "queue_seconds",
+            "Time from arrival to admission, by pool and tier.",
+            ["pool", "tier"],
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            p + "admission_decisions",
+            "Admission decisions by pool, tier and outcome.",
+            ["pool", "tier", "outcome"],
+            registry=r,
+        )
+        self.tokens_charged = Counter(
+            p + "tenant_tokens_charged",
+            "Tokens charged to tenant budgets (after settling), by window.",
+            ["tenant", "window"],
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            p + "tenant_budget_used_tokens",
+            "Tokens of the window's budget in use at the tenant's last reservation.",
+            ["tenant", "window"],
+            registry=r,
+        )
+        self.reserved_tokens = Counter(
+            p + "reserved_tokens", "KV tokens reserved by completed requests.", ["pool"], registry=r
+        )
+        self.actual_tokens = Counter(
+            p + "actual_tokens",
+            "Tokens completed requests really used (prompt + output).",
+            ["pool"],
+            registry=r,
+        )
+        self.estimate_error = Histogram(
+            p + "estimate_error_tokens",
+            "Reserved minus actual tokens per completed request.",
+            ["pool"],
+            buckets=ERROR_BUCKETS,
+            registry=r,
+        )
+        self.estimates = Counter(
+            p + "estimates",
+            "Prompt token counts by method: tokenizer (exact) or fallback (bytes).",
+            ["pool", "method"],
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            p + "redis_errors", "Budget store calls that failed or timed out.", ["op"], registry=r
+        )
+        self.budget_fallback = Counter(
+            p + "budget_fallback",
+            "Budget verdicts made while Redis was unavailable, by tier and result.",
+            ["tier", "result"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            p + "upstream_errors",
+            "Engine errors: connect, timeout, status_5xx, stream_broken.",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self.requests = Counter(
+            p + "requests",
+            "Requests answered, by route and status code.",
+            ["route", "code"],
+            registry=r,
+        )
+        self.in_flight = Gauge(p + "in_flight", "Requests being served.", registry=r)
+        self.preempt_admissions = Counter(
+            p + "preempt_admissions",
+            "Admissions that rely on the engine preempting borrowers (Reclaim: Preempt).",
+            ["pool"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            p + "config_reloads",
+            "Config loads by result (applied, rejected).",
+            ["result"],
+            registry=r,
+        )
+        self.config_info = Gauge(
+            p + "config_info",
+            "The config in force (value 1).",
+            ["namespace", "generated_at"],
+            registry=r,
+        )
+
+    def watch_snapshots(self, snapshots: Callable[[], Iterable[AdmissionSnapshot]]) -> None:
+        """Export in-use vs floor gauges from the admission controllers at scrape time."""
+        self.registry.register(_SnapshotCollector(snapshots))
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)

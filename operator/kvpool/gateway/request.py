@@ -1,0 +1,178 @@
+"""Parse and check an OpenAI request body before anything else looks at it.
+
+Why this module exists: bad input must be a clear 4xx, never a 500 or a crash, and the
+later steps (classify, estimate, budget, admit) should see typed values only. Checks, in
+order, each a 400 with a JSON error unless noted:
+
+- the body is UTF-8 (``invalid_encoding``) and JSON (``invalid_json``; nesting so deep
+  that the parser recurses out is also ``invalid_json``) and an object (``invalid_body``);
+- ``model`` is a non-empty string (``missing_model``; an unknown one is a 404 later);
+- ``stream`` is a boolean or null; ``stream_options`` an object or null;
+- ``max_tokens`` / ``max_completion_tokens`` / ``n`` are integers (not booleans, not
+  floats) or null (``invalid_type``); their ranges are the estimate's business;
+- chat: ``messages`` is a non-empty list of objects with a string ``role``; a content is a
+  string, a list of parts, or null;
+- completions: ``prompt`` is a string, or a list holding exactly one string or one list of
+  token ids, or a list of token ids. Several prompts in one request are refused
+  (``batched_prompts``): each would be a separate sequence the reservation cannot see;
+  send one request per prompt.
+
+The caller's ``priority`` field is removed here (the tier decides the engine priority).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kvpool.gateway.errors import GatewayError
+
+Kind = Literal["chat", "completions"]
+
+CALLER_FIELDS_STRIPPED = ("priority",)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A checked request body and the facts later steps need."""
+
+    kind: Kind
+    body: dict[str, Any]  # the caller's body without the fields we strip
+    model: str
+    stream: bool
+    include_usage: bool  # the caller asked for a usage chunk in the stream
+    max_tokens: int | None
+    n: int
+    prompt: Any  # completions prompt (str or token ids) or None
+    messages: list[dict[str, Any]] | None  # chat messages or None
+    prompt_utf8_bytes: int  # UTF-8 length of the prompt text (all contents for chat)
+
+
+def _bad(code: str, message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, code, message, param=param)
+
+
+def _optional_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad("invalid_type", f"{name} must be an integer", name)
+    return value
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _content_bytes(content: Any, index: int) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return _utf8_len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if not isinstance(part, dict):
+                raise _bad("invalid_type", f"messages[{index}].content parts must be objects")
+            text = part.get("text")
+            if isinstance(text, str):
+                total += _utf8_len(text)
+        return total
+    raise _bad("invalid_type", f"messages[{index}].content must be a string, a list or null")
+
+
+def _check_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("invalid_messages", "messages must be a non-empty list", "messages")
+    total = 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _bad(
+                "invalid_messages", f"messages[{index}] must be an object with a string role"
+            )
+        total += _content_bytes(message.get("content"), index)
+    return messages, total
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _check_prompt(body: dict[str, Any]) -> tuple[Any, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and not _is_token_ids(prompt):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt, _utf8_len(prompt)
+    if isinstance(prompt, list) and _is_token_ids(prompt):
+        return prompt, 4 * len(prompt)
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(p, str) or _is_token_ids(p) for p in prompt)
+    ):
+        raise _bad(
+            "batched_prompts",
+            "several prompts in one request are not supported; send one request per prompt",
+            "prompt",
+        )
+    raise _bad(
+        "invalid_prompt", "prompt must be a string or a list of token ids (one prompt)", "prompt"
+    )
+
+
+def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
+    """The checked request, or a GatewayError (400) saying what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad("invalid_encoding", f"the body is not UTF-8 (byte {exc.start})") from exc
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _bad("invalid_json", f"the body is not valid JSON: {str(exc)[:200]}") from exc
+    if not isinstance(body, dict):
+        raise _bad("invalid_body", "the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("missing_model", "model must be a non-empty string", "model")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("invalid_type", "stream must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("invalid_type", "stream_options must be an object", "stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    max_tokens = _optional_int(body, "max_tokens")
+    if kind == "chat":
+        max_completion = _optional_int(body, "max_completion_tokens")
+        if max_completion is not None:
+            max_tokens = max_completion
+    n = _optional_int(body, "n")
+    messages: list[dict[str, Any]] | None = None
+    prompt: Any = None
+    if kind == "chat":
+        messages, prompt_bytes = _check_messages(body)
+    else:
+        prompt, prompt_bytes = _check_prompt(body)
+    for name in CALLER_FIELDS_STRIPPED:
+        body.pop(name, None)
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=bool(stream),
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        n=1 if n is None else n,
+        prompt=prompt,
+        messages=messages,
+        prompt_utf8_bytes=prompt_bytes,
+    )

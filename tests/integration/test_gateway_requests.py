@@ -1,0 +1,395 @@
+"""The gateway's request path over real HTTP, in front of a fake engine (fast, no vLLM).
+
+The engine is faked at the I/O boundary (tests.gateway_builders.FakeEngine records what
+it receives); everything else - aiohttp server, classify, estimate, budgets, admission,
+proxying, metrics - is the real code. The real-engine tests are in test_gateway_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.server import Gateway, GatewaySettings
+from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
+
+ACME = {"Authorization": "Bearer sk-acme"}
+BULK = {"Authorization": "Bearer sk-bulk"}
+
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    fake = await FakeEngine().start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[Start]:
+    clients: list[TestClient[Any, Any]] = []
+
+    async def start(
+        config: AdmissionConfig, **settings: Any
+    ) -> tuple[TestClient[Any, Any], Gateway]:
+        gateway = Gateway(
+            config,
+            InMemoryBudgetStore(),
+            settings=GatewaySettings(access_log=False, **settings),
+        )
+        client = TestClient(TestServer(gateway.app()))
+        await client.start_server()
+        clients.append(client)
+        return client, gateway
+
+    try:
+        yield start
+    finally:
+        for client in clients:
+            await client.close()
+
+
+def chat(content: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def completion(prompt: Any = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, **extra}
+
+
+def _forbidden_config(url: str) -> ConfigBuilder:
+    return standard_config([url]).tenant("chatonly", key="sk-chat", tiers=["interactive"])
+
+
+REJECTIONS = {
+    "no-key": ("/v1/completions", {}, completion(), 401, "invalid_api_key"),
+    "unknown-key": (
+        "/v1/completions",
+        {"Authorization": "Bearer sk-nobody"},
+        completion(),
+        401,
+        "invalid_api_key",
+    ),
+    "not-bearer": (
+        "/v1/completions",
+        {"Authorization": "Basic c2stYWNtZQ=="},
+        completion(),
+        401,
+        "invalid_api_key",
+    ),
+    "unknown-model": ("/v1/completions", ACME, completion(model="gpt-9"), 404, "model_not_found"),
+    "missing-model": ("/v1/completions", ACME, {"prompt": "x"}, 400, "missing_model"),
+    "max-tokens-string": (
+        "/v1/completions",
+        ACME,
+        completion(max_tokens="ten"),
+        400,
+        "invalid_type",
+    ),
+    "max-tokens-zero": ("/v1/completions", ACME, completion(max_tokens=0), 400, None),
+    "context-exceeded": (
+        "/v1/completions",
+        ACME,
+        completion(prompt=[1, 2, 3], max_tokens=100_000),
+        400,
+        None,
+    ),
+    "too-many-sequences": ("/v1/completions", ACME, completion(n=64), 413, None),
+    "batched-prompts": (
+        "/v1/completions",
+        ACME,
+        completion(prompt=["a", "b"]),
+        400,
+        "batched_prompts",
+    ),
+    "chat-without-messages": ("/v1/chat/completions", ACME, {"model": "tiny"}, 400, None),
+    "tier-not-allowed": (
+        "/v1/completions",
+        {"Authorization": "Bearer sk-chat"},
+        completion(),
+        403,
+        "tier_not_allowed",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "body", "status", "code"), list(REJECTIONS.values()), ids=list(REJECTIONS)
+)
+async def test_rejections_are_clear_json_errors(
+    engine: FakeEngine,
+    start_gateway: Start,
+    path: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    status: int,
+    code: str | None,
+) -> None:
+    client, _ = await start_gateway(_forbidden_config(engine.url).obj())
+    resp = await client.post(path, json=body, headers=headers)
+    assert resp.status == status
+    error = (await resp.json())["error"]
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+    assert engine.received == []  # nothing reached the engine
+
+
+async def test_missing_and_unknown_keys_get_the_same_answer(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    missing = await client.post("/v1/completions", json=completion())
+    unknown = await client.post(
+        "/v1/completions", json=completion(), headers={"Authorization": "Bearer sk-x"}
+    )
+    assert (missing.status, await missing.read()) == (unknown.status, await unknown.read())
+
+
+async def test_oversized_body_is_413(engine: FakeEngine, start_gateway: Start) -> None:
+    client, _ = await start_gateway(standard_config([engine.url]).obj(), max_body_bytes=1000)
+    resp = await client.post("/v1/completions", json=completion("x" * 5000), headers=ACME)
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == "body_too_large"
+
+
+async def test_caller_priority_is_stripped_and_the_tier_sets_it(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    headers = {**BULK, "X-Priority": "0", "Priority": "u=0", "X-Request-Priority": "high"}
+    resp = await client.post(
+        "/v1/completions", json=completion(priority=-1000, max_tokens=3), headers=headers
+    )
+    assert resp.status == 200
+    assert engine.received[0]["priority"] == 1  # batch is the second tier: engine priority 1
+    sent = {k.lower() for k in engine.headers[0]}
+    assert not sent & {"x-priority", "priority", "x-request-priority", "authorization"}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "tier_priority"),
+    [
+        ("/v1/chat/completions", ACME, 0),
+        ("/v1/completions", ACME, 1),
+        ("/v1/chat/completions", BULK, 1),
+    ],
+    ids=["chat-interactive", "completions-fall-to-lowest", "unlabelled-tenant-on-chat"],
+)
+async def test_tier_comes_from_path_and_tenant(
+    engine: FakeEngine,
+    start_gateway: Start,
+    path: str,
+    headers: dict[str, str],
+    tier_priority: int,
+) -> None:
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    body = chat(max_tokens=2) if path.endswith("chat/completions") else completion(max_tokens=2)
+    resp = await client.post(path, json=body, headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert engine.received[0]["priority"] == tier_priority
+
+
+@pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["usage-stripped", "usage-kept"])
+async def test_stream_usage_chunk_only_when_asked(
+    engine: FakeEngine, start_gateway: Start, caller_wants_usage: bool
+) -> None:
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    body = completion(max_tokens=5, stream=True)
+    if caller_wants_usage:
+        body["stream_options"] = {"include_usage": True}
+    resp = await client.post("/v1/completions", json=body, headers=ACME)
+    assert resp.status == 200
+    events = [line for line in (await resp.text()).split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert len([c for c in chunks if c["choices"]]) == 5
+    assert any(c.get("usage") for c in chunks) == caller_wants_usage
+    assert engine.received[0]["stream_options"] == {"include_usage": True}  # always asked
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert snap.in_use_tokens == 0 and snap.in_flight == 0
+
+
+async def test_budget_charged_at_admission_rejects_with_retry_after(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    config = (
+        ConfigBuilder()
+        .tier("batch", floor=50)
+        .pool("tiny", [engine.url])
+        .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 100)])
+        .obj()
+    )
+    client, _ = await start_gateway(config)
+    # each reserves prompt (few tokens) + 40 output: two fit in 100, the third does not
+    first = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
+    second = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
+    assert (first.status, second.status) == (200, 200)
+    # settled with the engine's usage (5 + 40): 90 used, 10 left
+    third = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
+    assert third.status == 429
+    assert int(third.headers["Retry-After"]) >= 1
+    assert (await third.json())["error"]["code"] == "budget_exceeded"
+    assert len(engine.received) == 2
+
+
+async def test_over_budget_demotes_to_the_next_tier(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50)
+        .tier("batch", floor=30)
+        .rule("interactive", path_prefix="/v1/completions")
+        .pool("tiny", [engine.url])
+        .tenant(
+            "acme",
+            key="sk-acme",
+            tiers=["interactive", "batch"],
+            limits=[(60, 50)],
+            over_budget="Demote",
+        )
+        .obj()
+    )
+    client, _ = await start_gateway(config)
+    for _ in range(2):
+        resp = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
+        assert resp.status == 200
+    assert [b["priority"] for b in engine.received] == [0, 1]  # the second one ran as batch
+    metrics = (await (await client.get("/metrics")).text()).splitlines()
+    assert any(
+        line.startswith("kvpool_gateway_admission_decisions_total") and 'outcome="demoted"' in line
+        for line in metrics
+    )
+
+
+async def test_engine_down_is_503_and_everything_is_released(start_gateway: Start) -> None:
+    config = (
+        ConfigBuilder()
+        .tier("batch", floor=50)
+        .pool("tiny", ["http://127.0.0.1:9"])  # discard port: nothing listens
+        .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
+        .obj()
+    )
+    client, gateway = await start_gateway(config)
+    resp = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert resp.status == 503
+    assert (await resp.json())["error"]["code"] == "engine_unavailable"
+    assert "Retry-After" in resp.headers
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
+    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    assert used[0].tokens == 0  # the budget was refunded
+
+
+async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:
+    engine.status = 500
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    resp = await client.post("/v1/completions", json=completion(), headers=ACME)
+    assert resp.status == 502
+    assert "engine says no" in (await resp.json())["error"]["message"]
+
+
+async def test_client_disconnect_cancels_upstream_and_releases(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    engine.chunk_delay = 0.05
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    resp = await client.post(
+        "/v1/completions", json=completion(max_tokens=200, stream=True), headers=ACME
+    )
+    assert resp.status == 200
+    await resp.content.readline()
+    resp.close()  # the client goes away mid-stream
+    for _ in range(100):
+        snap = gateway.runtimes["tiny"].snapshot()
+        if snap.in_flight == 0 and engine.cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.cancelled == 1
+    assert gateway.runtimes["tiny"].snapshot().in_use_tokens == 0
+
+
+async def test_reload_keeps_in_flight_requests(engine: FakeEngine, start_gateway: Start) -> None:
+    engine.delay = 0.3
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    pending = asyncio.ensure_future(
+        client.post("/v1/completions", json=completion(max_tokens=3), headers=ACME)
+    )
+    await asyncio.sleep(0.1)
+    new = standard_config([engine.url], tokens_per_replica=4096)
+    new.tenant("newcomer", key="sk-new", tiers=["batch"])
+    gateway.apply_config(new.obj())
+    resp = await pending
+    assert resp.status == 200
+    assert gateway.runtimes["tiny"].pool.tokens_per_replica == 4096
+    newcomer = await client.post(
+        "/v1/completions", json=completion(), headers={"Authorization": "Bearer sk-new"}
+    )
+    assert newcomer.status == 200
+
+
+async def test_models_health_and_metrics(engine: FakeEngine, start_gateway: Start) -> None:
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    models = await (await client.get("/v1/models", headers=ACME)).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert (await client.get("/v1/models")).status == 401
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    await client.post("/v1/chat/completions", json=chat(max_tokens=2), headers=ACME)
+    text = await (await client.get("/metrics")).text()
+    for series in (
+        'kvpool_gateway_queue_seconds_bucket{le="0.001",pool="tiny",tier="interactive"}',
+        'kvpool_gateway_admission_decisions_total{outcome="admitted",pool="tiny",tier="interactive"}',
+        'kvpool_gateway_tier_tokens{kind="floor",pool="tiny",tier="interactive"}',
+        'kvpool_gateway_estimates_total{method="fallback",pool="tiny"}',
+        'kvpool_gateway_estimate_error_tokens_count{pool="tiny"}',
+    ):
+        assert series in text, series
+
+
+async def test_queue_wait_beyond_the_tier_promise_is_rejected_at_once(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """One slot, a slow engine: later requests queue, and time out at maxQueueWait (503)."""
+    engine.delay = 1.0
+    config = (
+        ConfigBuilder()
+        .tier("batch", floor=100, wait=0.2)
+        .pool("tiny", [engine.url], slots_per_replica=1)
+        .tenant("acme", key="sk-acme", tiers=["batch"])
+        .obj()
+    )
+    client, _ = await start_gateway(config)
+    results = await asyncio.gather(
+        *(
+            client.post("/v1/completions", json=completion(max_tokens=2), headers=ACME)
+            for _ in range(3)
+        )
+    )
+    statuses = sorted(r.status for r in results)
+    assert statuses[0] == 200
+    assert set(statuses[1:]) == {503}
+    rejected = [r for r in results if r.status == 503]
+    assert all("Retry-After" in r.headers for r in rejected)
+
+
+async def test_session_pool_reuses_connections(engine: FakeEngine, start_gateway: Start) -> None:
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    for _ in range(5):
+        assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
+    assert gateway._session is not None
+    connector = gateway._session.connector
+    assert isinstance(connector, aiohttp.TCPConnector)
+    assert sum(len(v) for v in connector._conns.values()) == 1  # one pooled keep-alive
