@@ -1,0 +1,12 @@
+"""Real parts for integration tests and benchmarks: tiny model, vLLM engine, Prometheus, Redis.
+
+Each module starts one kind of real server in its own process group, on a free loopback
+port, logging to a file, and stops it for sure (context managers); tests/conftest.py wraps
+them in fixtures. They import no pytest, so benchmarks and the local demo can use them too:
+
+- tiny_model: ``tiny_model_dir()`` / ``tokenizer_json()``, generated once, cached in .cache/.
+- engine: ``VllmEngine(EngineConfig(...), log_path)``; ``parse_cache_config_info()``.
+- prometheus: ``PrometheusServer(work_dir, targets)`` with ``set_targets()`` and ``wait_for()``.
+- redis_server: ``RedisServer(work_dir)`` with ``kill()`` / ``start()`` on the same port.
+- ports: ``free_port()``; processes: ``ManagedProcess`` (process-group stop, RSS).
+"""

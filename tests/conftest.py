@@ -1,0 +1,215 @@
+"""Shared fixtures for the real parts: tiny model, vLLM engines, Prometheus, Redis.
+
+Why here: the operator and gateway integration tests and the benchmarks all need the same
+real servers, started the same way and always stopped. The helpers live in
+tests/support/ (usable outside pytest too); these fixtures add scoping, clean-up, markers
+and the missing-dependency policy.
+
+Fixtures:
+
+- ``tiny_model`` (session): ``Path`` of the tiny Llama (generated once, cached in .cache/).
+- ``tiny_tokenizer_json`` (session): its ``tokenizer.json`` (for ``tokenizers.Tokenizer``).
+- ``vllm_engine`` / ``vllm_engine_module``: factories; ``vllm_engine(kv_cache_memory_bytes=2**20,
+  block_size=32, scheduling_policy="priority", extra_args=(...))`` starts an engine on the
+  tiny model (keyword arguments are ``EngineConfig`` fields; ``model_dir`` defaults to the
+  tiny model) and returns a healthy ``VllmEngine``. All are stopped at the end of the test
+  (``vllm_engine``) or of the module (``vllm_engine_module``, to share one ~15 s start).
+- ``prometheus_server``: factory ``prometheus_server(targets={"vllm": [engine.target]})``.
+- ``redis_server`` / ``redis_server_module``: factory ``redis_server(port=None)``.
+
+Markers: a test using an engine fixture gets ``engine``, Prometheus ``prometheus``, Redis
+``redis`` added automatically (so ``-m "not engine"`` deselects it); mark them explicitly
+too, for the reader.
+
+Missing dependencies (vLLM venv, prometheus, redis-server): with ``CI`` set (``CI=true``)
+the test FAILS, since CI must have installed them; otherwise it is skipped with the
+command that installs them (``make deps``).
+
+When a test fails, the tail of every running server's log is added to its report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from tests.support.engine import EngineConfig, EngineFactory, VllmEngine
+from tests.support.prometheus import PrometheusFactory, PrometheusServer, prometheus_binary
+from tests.support.redis_server import RedisFactory, RedisServer, redis_binary
+from tests.support.tiny_model import tiny_model_dir, vllm_python
+
+INSTALL_HINT = "run `make deps` (apt: prometheus redis-server; vLLM: scripts/ensure-vllm.sh)"
+
+_FIXTURE_MARKERS = {
+    "vllm_engine": "engine",
+    "vllm_engine_module": "engine",
+    "prometheus_server": "prometheus",
+    "redis_server": "redis",
+    "redis_server_module": "redis",
+}
+
+
+class _Server(Protocol):
+    def stop(self) -> None: ...
+    def log_tail(self, lines: int = 80) -> str: ...
+
+
+# Servers started by the fixtures and not yet stopped: their logs go into failure reports.
+_LIVE: dict[int, tuple[str, Callable[[], str]]] = {}
+
+
+def missing(what: str) -> None:
+    """Fail (under CI) or skip (locally) because ``what`` is not installed."""
+    message = f"{what} is not installed: {INSTALL_HINT}"
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for name, tail in list(_LIVE.values()):
+            report.sections.append((f"log tail: {name}", tail()))
+    return report
+
+
+# --- tiny model --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny random-weight Llama (HF format), generated once and cached under .cache/."""
+    try:
+        return tiny_model_dir()
+    except FileNotFoundError:
+        missing("the vLLM venv (needed to generate the tiny model)")
+        raise  # unreachable: missing() raises
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_json(tiny_model: Path) -> Path:
+    """``tokenizer.json`` of the tiny model, for ``tokenizers.Tokenizer.from_file``."""
+    return tiny_model / "tokenizer.json"
+
+
+# --- factories ---------------------------------------------------------------------------
+
+
+class _Started:
+    """Keeps what a factory started, stops it all (last first) at teardown."""
+
+    def __init__(self) -> None:
+        self.servers: list[_Server] = []
+
+    def add(self, name: str, server: _Server) -> None:
+        self.servers.append(server)
+        _LIVE[id(server)] = (name, server.log_tail)
+
+    def stop_all(self) -> None:
+        errors = []
+        for server in reversed(self.servers):
+            try:
+                server.stop()
+            except Exception as exc:  # stop every server even if one fails
+                errors.append(exc)
+            finally:
+                _LIVE.pop(id(server), None)
+        if errors:
+            raise errors[0]
+
+
+def _engine_factory(tiny_model: Path, tmp_dir: Path) -> Iterator[EngineFactory]:
+    if not vllm_python().exists():
+        missing(f"the vLLM venv ({vllm_python()})")
+    started = _Started()
+
+    def start(**fields: Any) -> VllmEngine:
+        fields.setdefault("model_dir", tiny_model)
+        index = len(started.servers)
+        engine = VllmEngine(EngineConfig(**fields), log_path=tmp_dir / f"vllm-{index}.log")
+        started.add(f"vllm engine {index} ({engine.base_url})", engine)
+        return engine.start()
+
+    try:
+        yield start
+    finally:
+        started.stop_all()
+
+
+@pytest.fixture
+def vllm_engine(tiny_model: Path, tmp_path: Path) -> Iterator[EngineFactory]:
+    """Factory: start a vLLM engine (``EngineConfig`` fields as keywords); stopped after it."""
+    yield from _engine_factory(tiny_model, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine_module(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineFactory]:
+    """Factory like ``vllm_engine`` whose engines live until the end of the module."""
+    yield from _engine_factory(tiny_model, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture
+def prometheus_server(tmp_path: Path) -> Iterator[PrometheusFactory]:
+    """Factory: ``prometheus_server(targets={"job": ["127.0.0.1:PORT"]})`` -> ready server."""
+    if prometheus_binary() is None:
+        missing("prometheus")
+    started = _Started()
+
+    def start(
+        targets: Mapping[str, Sequence[str]] | None = None, **kwargs: Any
+    ) -> PrometheusServer:
+        index = len(started.servers)
+        server = PrometheusServer(tmp_path / f"prometheus-{index}", targets=targets, **kwargs)
+        started.add(f"prometheus {index} ({server.url})", server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        started.stop_all()
+
+
+def _redis_factory(tmp_dir: Path) -> Iterator[RedisFactory]:
+    if redis_binary() is None:
+        missing("redis-server")
+    started = _Started()
+
+    def start(port: int | None = None) -> RedisServer:
+        index = len(started.servers)
+        server = RedisServer(tmp_dir / f"redis-{index}", port=port)
+        started.add(f"redis {index} (port {server.port})", server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        started.stop_all()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisFactory]:
+    """Factory: ``redis_server()`` -> a running RedisServer (kill()/start() to crash/restart)."""
+    yield from _redis_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def redis_server_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisFactory]:
+    """Factory like ``redis_server`` whose servers live until the end of the module."""
+    yield from _redis_factory(tmp_path_factory.mktemp("redis"))
