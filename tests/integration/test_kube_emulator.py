@@ -22,6 +22,7 @@ from kopf.testing import KopfRunner
 
 from kvpool.api import API_VERSION
 from tests.support.kube import JSON_PATCH, MERGE_PATCH, KubeApi, load_crds, resource_path
+from tests.support.kube_emulator import kopf_peering_crds
 
 CRDS = load_crds()
 FINALIZER = "kvpool.dev/test-cleanup"
@@ -556,6 +557,28 @@ def test_kopf_operator_handles_a_modelpool_lifecycle(
         == 200
     )
     assert time.monotonic() - started < 5
+
+
+def test_kopf_operator_with_peering_announces_itself(
+    kube_api: KubeApi, kopf_operator: kopf.OperatorRegistry
+) -> None:
+    for crd in kopf_peering_crds():
+        kube_api.register_crd(crd)
+    peerings = resource_path("kopf.dev/v1", "clusterkopfpeerings")
+    kube_api.client.create(peerings, {"metadata": {"name": "kvpool"}})
+    get_peering = lambda: kube_api.client.get(f"{peerings}/kvpool")  # noqa: E731
+    get_pool = lambda: kube_api.client.request("GET", pools(name="a"))  # noqa: E731
+
+    with KopfRunner(
+        ["run", "-A", "--peering=kvpool"], registry=kopf_operator, timeout=10
+    ) as runner:
+        kube_api.client.create(pools(), build_pool("a"))
+        served = wait_for(get_pool, lambda r: r.body.get("status", {}).get("servedModel"))
+        announced = wait_for(get_peering, lambda p: p.get("status"))
+
+    assert runner.exit_code == 0
+    assert served.body["status"]["servedModel"] == "tiny"
+    assert announced["status"]  # kopf's keep-alive entry for this operator
 
 
 # --- proof 2: kubectl against the emulator -------------------------------------------------

@@ -5,7 +5,8 @@ event loop in a background thread, so sync tests, async tests, ``kopf.testing.Ko
 (another thread) and ``kubectl`` (a subprocess) can all use it at once. Usage::
 
     # pytest: the ``kube_api`` fixture (tests/integration/conftest.py) does this for you.
-    with start_kube_api(tmp_path) as kube:            # crds/*.yaml registered
+    with start_kube_api(tmp_path) as kube:            # crds/*.yaml registered (peering=True:
+                                                      # also kopf's peering CRDs)
         kube.url                                      # "http://127.0.0.1:41234"
         kube.kubeconfig                               # Path; context namespace "default"
         path = resource_path("kvpool.dev/v1alpha1", "modelpools", "default")
@@ -16,6 +17,7 @@ event loop in a background thread, so sync tests, async tests, ``kopf.testing.Ko
         async with kube.async_client() as client: await client.get(f"{path}/a")
         kube.kubectl("get", "mp", "-A")               # CompletedProcess, text output
         kube.connection_info()                        # kopf.ConnectionInfo for @kopf.on.login
+        kube.register_crd(crd)                        # serve one more CRD (dict)
         kube.call(lambda emulator: ...)               # run code on the emulator's loop
         kube.emulator.requests                        # kmock's request log (read after the fact)
 
@@ -50,7 +52,7 @@ import aiohttp.web
 import kopf
 import yaml
 
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_emulator import KubeEmulator, kopf_peering_crds
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
@@ -355,12 +357,16 @@ def start_kube_api(
     workdir: Path,
     crds: list[Mapping[str, Any]] | None = None,
     emulator_factory: Callable[[], KubeEmulator] = KubeEmulator,
+    peering: bool = False,
 ) -> Iterator[KubeApi]:
     """Start an emulator serving ``crds`` (default: crds/*.yaml); stop it on exit.
 
     ``workdir`` receives the kubeconfig and kubectl's cache (use pytest's ``tmp_path``).
+    ``peering=True`` also serves kopf's peering CRDs, so kopf runs with peering (without
+    them, kopf's auto-detection falls back to standalone).
     """
     served = list(load_crds() if crds is None else crds)
+    served += kopf_peering_crds() if peering else []
     thread = _EmulatorThread(emulator_factory)
     try:
         thread.start()

@@ -144,6 +144,20 @@ def resources_of_crd(crd: Mapping[str, Any]) -> list[ApiResource]:
     ]
 
 
+def kopf_peering_crds() -> list[Obj]:
+    """kopf's peering CRDs (kopf.dev/v1 ClusterKopfPeering and KopfPeering, no subresources)."""
+    schema = {"openAPIV3Schema": {"type": "object", "properties": {"status": {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}  # fmt: skip
+    return [
+        {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+         "metadata": {"name": f"{kind.lower()}s.kopf.dev"},
+         "spec": {"group": "kopf.dev", "scope": scope,
+                  "names": {"kind": kind, "plural": f"{kind.lower()}s", "singular": kind.lower()},
+                  "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema}]}}
+        for kind, scope in (("ClusterKopfPeering", "Cluster"), ("KopfPeering", "Namespaced"))
+    ]  # fmt: skip
+
+
 def kube_error(status: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
     """A Kubernetes ``Status`` failure (reason is the Kubernetes StatusReason constant)."""
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details)
@@ -322,7 +336,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with watch resumption, metadata, subresources and more.
 
     State lives in ``objects_by_key`` ((group, plural), namespace or "", name) -> object and in
-    ``events`` (the watch log). Read it from the emulator's own loop or through HTTP.
+    ``events`` (the watch log); kmock's own ``objects``/``resources`` stay empty. Read state
+    through HTTP or on the emulator's loop (``KubeApi.call``); ``requests`` is kmock's log.
     """
 
     api_resources: dict[tuple[str, str, str], ApiResource] = attrs.field(factory=dict, init=False)
@@ -578,7 +593,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             raise kube_error(422, "Invalid", "the patched object is not an object with metadata")
         sent_rv = patched["metadata"].get("resourceVersion")
-        if sent_rv is not None and sent_rv != old["metadata"]["resourceVersion"]:
+        if sent_rv not in (None, "") and sent_rv != old["metadata"]["resourceVersion"]:
             raise kube_error(
                 409,
                 "Conflict",
@@ -814,7 +829,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return None
             if column.get("type") == "date" and isinstance(values[0], str):
                 return human_age(values[0], datetime.datetime.now(datetime.UTC))
-            texts = [v if isinstance(v, str | int | float) else json.dumps(v) for v in values]
+            texts = [
+                v if isinstance(v, str | int | float) else json.dumps(v, separators=(",", ":"))
+                for v in values
+            ]
             return texts[0] if len(texts) == 1 else ",".join(map(str, texts))
 
         rows = [
