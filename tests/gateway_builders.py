@@ -296,6 +296,7 @@ class FakeEngine:
         try:
             await asyncio.sleep(self.delay)
             out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
+            out = max(1, min(out, 64))
             prompt_tokens = 5
             chat = request.path.endswith("chat/completions")
             if not body.get("stream"):

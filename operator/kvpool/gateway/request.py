@@ -5,7 +5,8 @@ later steps (classify, estimate, budget, admit) should see typed values only. Ch
 order, each a 400 with a JSON error unless noted:
 
 - the body is UTF-8 (``invalid_encoding``) and JSON (``invalid_json``; nesting so deep
-  that the parser recurses out is also ``invalid_json``) and an object (``invalid_body``);
+  that the parser recurses out, and ``NaN``/``Infinity``, are also ``invalid_json``) and
+  an object (``invalid_body``);
 - ``model`` is a non-empty string (``missing_model``; an unknown one is a 404 later);
 - ``stream`` is a boolean or null; ``stream_options`` an object or null;
 - ``max_tokens`` / ``max_completion_tokens`` / ``n`` are integers (not booleans, not
@@ -128,6 +129,10 @@ def _check_prompt(body: dict[str, Any]) -> tuple[Any, int]:
     )
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     """The checked request, or a GatewayError (400) saying what is wrong."""
     try:
@@ -135,7 +140,7 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     except UnicodeDecodeError as exc:
         raise _bad("invalid_encoding", f"the body is not UTF-8 (byte {exc.start})") from exc
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise _bad("invalid_json", f"the body is not valid JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):
