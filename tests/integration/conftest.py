@@ -10,8 +10,9 @@ Why per test: starting it costs ~10 ms, and a fresh API (no objects but the ``de
   fault injection), ``.call(fn)`` (run ``fn(emulator)`` on the emulator's loop). Stopped at
   teardown; the test fails if the emulator itself crashed on a request.
 - ``kube_api_env``: the same, with ``KUBECONFIG`` pointing at it for the test's duration (for
-  code that logs in from the environment, e.g. kopf's default login or
-  ``kvpool.adapters.kube.load_connection()``).
+  code that logs in from the environment, e.g. ``kvpool.adapters.kube.load_connection()``).
+  Beware: ``kubernetes.config.load_kube_config()`` without ``config_file`` uses the
+  ``KUBECONFIG`` seen when the ``kubernetes`` package was first imported, not this one.
 """
 
 from __future__ import annotations

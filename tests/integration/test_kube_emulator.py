@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -619,3 +620,18 @@ def test_kubectl_reads_and_deletes_one_object(kube_api: KubeApi) -> None:
 
     assert shown == "tiny"
     assert kube_api.client.request("GET", pools(name="a")).status == 404
+
+
+def test_kube_api_env_lets_the_official_client_log_in(kube_api_env: KubeApi) -> None:
+    from kubernetes import client, config
+
+    # Pass the path: the client reads $KUBECONFIG once, when it is first imported.
+    config.load_kube_config(config_file=os.environ["KUBECONFIG"])  # type: ignore[no-untyped-call]
+    with client.ApiClient() as api:
+        namespaces = client.CoreV1Api(api).list_namespace()
+        created: Any = client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "kvpool.dev", "v1alpha1", "default", "modelpools", build_pool("a")
+        )
+
+    assert "default" in [ns.metadata.name for ns in namespaces.items if ns.metadata]
+    assert created["metadata"]["uid"] == kube_api_env.client.get(pools(name="a"))["metadata"]["uid"]
