@@ -36,6 +36,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from kvpool.api.modelpool import LoadStatus
 from kvpool.domain.measurement import ReplicaReading
@@ -180,6 +181,12 @@ def fetch_snapshot(
     return MetricsSnapshot(readings=readings, load=load)
 
 
+def connect(url: str, timeout: float = 5.0) -> PrometheusConnect:
+    """A client that retries once, quickly: an outage must be reported within seconds."""
+    retry = Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504])
+    return PrometheusConnect(url=url, disable_ssl=True, timeout=timeout, retry=retry)
+
+
 class SnapshotCache:
     """The latest snapshot, refreshed at most every ``max_age`` seconds, shared by all pools."""
 
@@ -187,7 +194,7 @@ class SnapshotCache:
         self.url = url
         self.max_age = max_age
         self.timeout = timeout
-        self._prom = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout) if url else None
+        self._prom = connect(url, timeout) if url else None
         self._lock = asyncio.Lock()
         self._value: MetricsSnapshot | PrometheusUnavailable | None = None
         self._fetched = -math.inf

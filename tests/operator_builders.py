@@ -1,0 +1,84 @@
+"""Builders for the operator's tests: tenants, secrets, pod views and pool objects as the API
+server returns them (with uid and generation), on top of tests/builders.py.
+
+>>> budget = make_budget("acme").tiers("interactive").limit("1h", 1000).obj()
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.tenantbudget import TenantBudget
+from tests.builders import PoolBuilder, make_pool, standard_policy
+
+__all__ = ["make_budget", "make_pool", "make_secret", "served_pool", "standard_policy"]
+
+
+class BudgetBuilder:
+    """A TenantBudget manifest (dict) under construction, valid by default."""
+
+    def __init__(self, tenant: str, namespace: str = "default") -> None:
+        self._doc: dict[str, Any] = {
+            "apiVersion": "kvpool.dev/v1alpha1",
+            "kind": "TenantBudget",
+            "metadata": {"name": tenant, "namespace": namespace, "labels": {}},
+            "spec": {
+                "tenant": tenant,
+                "apiKeySecretRef": {"name": f"{tenant}-key", "key": "api-key"},
+                "tiers": ["interactive"],
+            },
+        }
+
+    def tiers(self, *names: str) -> BudgetBuilder:
+        self._doc["spec"]["tiers"] = list(names)
+        return self
+
+    def limit(self, window: str, tokens: int, requests: int | None = None) -> BudgetBuilder:
+        entry: dict[str, Any] = {"window": window, "tokens": tokens}
+        if requests is not None:
+            entry["requests"] = requests
+        self._doc["spec"].setdefault("limits", []).append(entry)
+        return self
+
+    def policy(self, name: str) -> BudgetBuilder:
+        self._doc["spec"]["tierPolicyRef"] = {"name": name}
+        return self
+
+    def labels(self, **labels: str) -> BudgetBuilder:
+        self._doc["metadata"]["labels"].update(labels)
+        return self
+
+    def spec(self, **fields: Any) -> BudgetBuilder:
+        self._doc["spec"].update(fields)
+        return self
+
+    def dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self._doc)
+
+    def obj(self) -> TenantBudget:
+        return TenantBudget.model_validate(self._doc)
+
+
+def make_budget(tenant: str, namespace: str = "default") -> BudgetBuilder:
+    return BudgetBuilder(tenant, namespace)
+
+
+def make_secret(name: str, key: str, value: str, namespace: str = "default") -> dict[str, Any]:
+    """A v1 Secret with one base64-encoded key."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value.encode()).decode()},
+    }
+
+
+def served_pool(builder: PoolBuilder, uid: str = "uid-1", generation: int = 1) -> ModelPool:
+    """A pool as read back from the API server (uid and generation set)."""
+    doc = builder.dict()
+    doc["metadata"].update(uid=uid, generation=generation)
+    return ModelPool.model_validate(doc)
