@@ -23,6 +23,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +47,8 @@ from kvpool.api.admission_config import (
     Track,
 )
 from kvpool.api.common import LabelSelector
+from tests.support.ports import free_port
+from tests.support.processes import ManagedProcess
 
 
 def key_digest(key: str) -> str:
@@ -341,3 +348,62 @@ class FakeEngine:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+
+
+class GatewayProcess:
+    """``kvpool gateway`` as a real process (stopped by :meth:`stop`; a context manager)."""
+
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        *,
+        redis_url: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "kvpool.cli",
+            "gateway",
+            "--config",
+            str(config_path),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            *(["--redis", redis_url] if redis_url else []),
+            *extra_args,
+        ]
+        self.process = ManagedProcess(argv, log_path=log_path, env=os.environ, cwd=log_path.parent)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> GatewayProcess:
+        self.process.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.process.running():
+                raise RuntimeError(f"gateway exited:\n{self.process.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"gateway not ready after {timeout}s:\n{self.process.log_tail()}")
+
+    def stop(self) -> None:
+        self.process.stop(timeout=10)
+
+    def log_tail(self, lines: int = 80) -> str:
+        return self.process.log_tail(lines)
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,311 @@
+"""The gateway in front of a REAL vLLM engine on CPU and a REAL Redis.
+
+Given one engine (tiny model, 2 MiB of KV = 2048 tokens, 8 sequences, priority
+scheduling) shared by the module, these tests check, through real HTTP:
+
+- the pool's tokenizer counts prompts exactly as the engine does (chat template included);
+- requests pass end to end, streaming and not, and the budget is settled with the usage
+  the engine reported;
+- two ``kvpool gateway`` PROCESSES sharing one Redis enforce one budget under a concurrent
+  burst: what they let through overshoots the limit by at most one reservation;
+- Redis killed mid-test: the fail-open tier keeps serving from its local allowance, the
+  fail-closed tier answers 503 at once, Redis errors are counted, and budgets go back to
+  Redis once it is back;
+- the engine killed mid-stream: clients get a clear error, then 503, and every
+  reservation is released (this test runs last: it kills the module's engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvpool.adapters.budget_store import (
+    BudgetStore,
+    InMemoryBudgetStore,
+    RedisBudgetStore,
+    RedisDownPolicy,
+)
+from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.server import Gateway, GatewaySettings
+from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.redis_server import RedisFactory
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+ACME = {"Authorization": "Bearer sk-acme"}
+KV_BYTES = 2 * 1024 * 1024
+
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
+    return vllm_engine_module(
+        served_model_name="tiny",
+        kv_cache_memory_bytes=KV_BYTES,
+        block_size=32,
+        max_num_seqs=8,
+        scheduling_policy="priority",
+    )
+
+
+def engine_config(
+    engine: VllmEngine,
+    tokenizer: Path,
+    *,
+    limits: list[tuple[float, int]] | None = None,
+    wait: float = 30.0,
+) -> ConfigBuilder:
+    """interactive (chat, 50 %) and batch (completions, 30 %) over the real engine."""
+    return (
+        ConfigBuilder()
+        .tier("interactive", floor=50, wait=wait)
+        .tier("batch", floor=30, wait=wait)
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool(
+            "tiny",
+            [engine.base_url],
+            tokens_per_replica=2048,
+            slots_per_replica=8,
+            max_model_len=512,
+            output_p95=64,
+            tokenizer_path=tokenizer,
+        )
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=limits)
+    )
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[Start]:
+    clients: list[TestClient[Any, Any]] = []
+
+    async def start(
+        config: AdmissionConfig, store: BudgetStore | None = None, **kwargs: Any
+    ) -> tuple[TestClient[Any, Any], Gateway]:
+        gateway = Gateway(
+            config,
+            store or InMemoryBudgetStore(),
+            settings=GatewaySettings(access_log=False),
+            **kwargs,
+        )
+        client = TestClient(TestServer(gateway.app()))
+        await client.start_server()
+        clients.append(client)
+        return client, gateway
+
+    try:
+        yield start
+    finally:
+        for client in clients:
+            await client.close()
+
+
+def completion(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": max_tokens, **extra}
+
+
+def chat(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello there, how are you?"},
+        ],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/completions", completion()), ("/v1/chat/completions", chat())],
+    ids=["completion", "chat-with-template"],
+)
+def test_tokenizer_counts_prompts_like_the_engine(
+    engine: VllmEngine, tiny_tokenizer_json: Path, path: str, body: dict[str, Any]
+) -> None:
+    tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
+    assert tokenizer is not None
+    if "messages" in body:
+        ours = tokenizer.count_chat(body["messages"])
+    else:
+        ours = tokenizer.count_prompt(body["prompt"])
+    answer = engine.post_json(path, body)
+    assert ours == answer["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/completions", completion()), ("/v1/chat/completions", chat())],
+    ids=["completion", "chat"],
+)
+async def test_end_to_end_non_streaming_settles_the_real_usage(
+    engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    start_gateway: Start,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
+    client, gateway = await start_gateway(config)
+    resp = await client.post(path, json={**body, "priority": -5}, headers=ACME)
+    assert resp.status == 200, await resp.text()
+    usage = (await resp.json())["usage"]
+    assert 1 <= usage["completion_tokens"] <= 8
+    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    assert used[0].tokens == usage["prompt_tokens"] + usage["completion_tokens"]
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_estimates_total{method="tokenizer",pool="tiny"} 1.0' in text
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
+
+
+@pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["plain", "include-usage"])
+async def test_end_to_end_streaming(
+    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start, caller_wants_usage: bool
+) -> None:
+    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
+    client, gateway = await start_gateway(config)
+    body = chat(max_tokens=12, stream=True, ignore_eos=True)
+    if caller_wants_usage:
+        body["stream_options"] = {"include_usage": True}
+    resp = await client.post("/v1/chat/completions", json=body, headers=ACME)
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = [e[6:] for e in (await resp.text()).split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
+    usage_chunks = [c for c in chunks if c.get("usage")]
+    assert bool(usage_chunks) == caller_wants_usage
+    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
+    assert tokenizer is not None
+    prompt = tokenizer.count_chat(body["messages"])
+    assert used[0].tokens == prompt + 12  # settled with the engine's usage (ignore_eos)
+    assert gateway.runtimes["tiny"].snapshot().in_flight == 0
+
+
+async def test_budget_across_two_gateway_processes_sharing_redis(
+    engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    redis_server: RedisFactory,
+    tmp_path: Path,
+) -> None:
+    """Given a 600-token budget, when 24 requests of ~44 tokens hit two gateways at once,
+    then what is served overshoots the budget by at most one reservation."""
+    limit, max_tokens = 600, 40
+    redis = redis_server()
+    config_path = engine_config(engine, tiny_tokenizer_json, limits=[(60, limit)]).write(
+        tmp_path / "config.json"
+    )
+    gateways = [
+        GatewayProcess(
+            config_path,
+            tmp_path / f"gateway-{i}.log",
+            redis_url=redis.url,
+            extra_args=("--redis-timeout", "1.0"),
+        )
+        for i in range(2)
+    ]
+    try:
+        for gateway in gateways:
+            gateway.start()
+        async with aiohttp.ClientSession() as session:
+
+            async def send(i: int) -> tuple[int, dict[str, Any]]:
+                url = f"{gateways[i % 2].url}/v1/completions"
+                body = completion(max_tokens=max_tokens, ignore_eos=True)
+                async with session.post(url, json=body, headers=ACME) as resp:
+                    return resp.status, await resp.json()
+
+            results = await asyncio.gather(*(send(i) for i in range(24)))
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+    served = [body["usage"] for status, body in results if status == 200]
+    statuses = sorted(status for status, _ in results)
+    assert set(statuses) <= {200, 429}, statuses
+    assert 429 in statuses  # the budget did bite
+    reservation = served[0]["prompt_tokens"] + max_tokens
+    used = sum(u["prompt_tokens"] + u["completion_tokens"] for u in served)
+    assert used <= limit + reservation
+    assert len(served) >= limit // reservation  # and it was not starved either
+    print(f"served {len(served)} of 24, {used} tokens of a {limit} budget")
+
+
+async def test_redis_killed_mid_test_follows_the_tier_policy(
+    engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    redis_server: RedisFactory,
+    start_gateway: Start,
+) -> None:
+    redis = redis_server()
+    metrics = GatewayMetrics()
+    store = RedisBudgetStore(
+        redis.url,
+        timeout=0.05,
+        policy=RedisDownPolicy(fail_closed_tiers=frozenset({"batch"}), retry_interval=1.0),
+        on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
+    )
+    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
+    client, _ = await start_gateway(config, store, metrics=metrics)
+    assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
+
+    redis.kill()
+    chat_resp = await client.post("/v1/chat/completions", json=chat(), headers=ACME)
+    assert chat_resp.status == 200  # interactive fails open: the local allowance serves it
+    started = time.perf_counter()
+    batch_resp = await client.post("/v1/completions", json=completion(), headers=ACME)
+    elapsed = time.perf_counter() - started
+    assert batch_resp.status == 503  # batch fails closed
+    assert (await batch_resp.json())["error"]["code"] == "budget_unavailable"
+    assert "Retry-After" in batch_resp.headers
+    assert elapsed < 0.5  # no waiting on a dead Redis (breaker open: not even the timeout)
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_redis_errors_total{op="reserve"}' in text
+    assert 'kvpool_gateway_budget_fallback_total{result="local",tier="interactive"}' in text
+
+    redis.start()  # same port, empty data
+    await asyncio.sleep(1.2)  # the breaker's retry interval
+    again = await client.post("/v1/completions", json=completion(), headers=ACME)
+    assert again.status == 200
+    used = await store.usage("acme", config.tenants[0].limits, time.time())
+    assert used[0].tokens > 0  # charged in Redis again
+
+
+async def test_engine_killed_gives_clear_errors_and_releases_everything(
+    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start
+) -> None:
+    """Runs last in the module: it kills the shared engine."""
+    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
+    client, gateway = await start_gateway(config)
+    stream = await client.post(
+        "/v1/completions",
+        json=completion(max_tokens=400, ignore_eos=True, stream=True),
+        headers=ACME,
+    )
+    assert stream.status == 200
+    await stream.content.readline()  # the stream has started
+    engine.process.kill()
+    rest = (await stream.read()).decode()
+    assert "engine_stream_broken" in rest
+    after = await client.post("/v1/completions", json=completion(), headers=ACME)
+    assert after.status == 503
+    assert (await after.json())["error"]["code"] == "engine_unavailable"
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
+    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    assert used[0].tokens < 400  # settled with what was streamed, not the 400 reserved
