@@ -194,6 +194,7 @@ async def test_end_to_end_streaming(
     tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
     assert tokenizer is not None
     prompt = tokenizer.count_chat(body["messages"])
+    assert prompt is not None
     assert used[0].tokens == prompt + 12  # settled with the engine's usage (ignore_eos)
     assert gateway.runtimes["tiny"].snapshot().in_flight == 0
 
