@@ -12,11 +12,13 @@ import asyncio
 import datetime
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import kmock
 import kopf
 import pytest
 from kopf.testing import KopfRunner
@@ -610,6 +612,25 @@ def test_kubectl_lists_our_kinds_with_their_printer_columns(kube_api: KubeApi) -
     assert "elsewhere" not in mine
     pool_row = next(line for line in mine.splitlines() if line.startswith("one-modelpools"))
     assert "Serving" in pool_row
+
+
+def test_kubectl_watch_shows_changes_as_table_rows(kube_api: KubeApi) -> None:
+    kube_api.client.create(pools(), build_pool("a"))
+
+    def change_while_watching() -> None:
+        wait_for(lambda: len(kube_api.emulator[kmock.action.WATCH]), bool)  # kubectl watches
+        kube_api.client.patch(pools(name="a", sub="status"), {"status": {"phase": "Serving"}})
+
+    changer = threading.Thread(target=change_while_watching)
+    changer.start()
+    try:
+        watched = kube_api.kubectl("get", "mp", "--watch", "--request-timeout=1s").stdout
+    finally:
+        changer.join()
+
+    rows = [line.split() for line in watched.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["a", "a"]
+    assert "Serving" in rows[1]
 
 
 def test_kubectl_reads_and_deletes_one_object(kube_api: KubeApi) -> None:

@@ -460,7 +460,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         match request.method, route.name:
             case "GET", _ if request.action == enums.action.WATCH:
                 events = self._watch(resource, namespace, route.name, request.params)
-                return await self._stream(request, events)
+                return await self._stream(request, events, resource if table else None)
             case "GET", None:
                 items = self._list(resource, namespace, request.params)
                 return self._table(resource, items) if table else self._list_body(resource, items)
@@ -781,15 +781,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 await asyncio.wait_for(changed.wait(), remaining)
 
     async def _stream(
-        self, request: rendering.Request, events: AsyncGenerator[Obj, None]
+        self,
+        request: rendering.Request,
+        events: AsyncGenerator[Obj, None],
+        table_of: ApiResource | None = None,
     ) -> aiohttp.web.StreamResponse:
-        """Write watch events as JSON lines until the watch ends or the client goes away."""
+        """Write watch events as JSON lines until the watch ends or the client goes away.
+
+        With ``table_of`` (``kubectl get -w``), each object is sent as a one-row Table.
+        """
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         assert request._raw_request is not None
         try:
             await response.prepare(request._raw_request)
             async for event in events:
-                await response.write(json.dumps(event).encode() + b"\n")
+                if table_of is not None and event["type"] != "BOOKMARK":
+                    row = self._table(table_of, [event["object"]])
+                    await response.write(json.dumps({**event, "object": row}).encode() + b"\n")
+                else:
+                    await response.write(json.dumps(event).encode() + b"\n")
             await response.write_eof()
         except ConnectionError:
             pass  # the watcher went away
