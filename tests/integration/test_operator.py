@@ -1,0 +1,425 @@
+"""The real operator process (kopf) against the Kubernetes API emulator, CRDs from crds/.
+
+Given/When/Then per test; every test starts its own API server and operator process
+(``run_operator``), which is stopped at teardown. The operator runs without Prometheus
+here (declared capacity); measuring is tested with real engines in
+tests/integration/test_operator_real_parts.py.
+
+Numbers used throughout (see docs/0001): declared 3,000 KV tokens per replica, target 90%
+-> 2,700 usable; p95 200 + 100 = 300 tokens a sequence -> 9 live sequences per replica;
+interactive floor 50% with a peak of 6 and 20% headroom -> ceil(6 * 1.2 / 4.5) = 2 replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from tests.operator_builders import make_budget, make_pool, make_secret, standard_policy
+from tests.operator_process import OperatorProcess, run_operator, wait_until
+from tests.support.kube import KubeApi, resource_path
+
+NS = "default"
+API_KEY = "sk-acme-123"
+
+
+def mp(name: str | None = None, sub: str | None = None) -> str:
+    return resource_path("kvpool.dev/v1alpha1", "modelpools", NS, name, sub)
+
+
+def tp(name: str | None = None) -> str:
+    return resource_path("kvpool.dev/v1alpha1", "tierpolicies", NS, name)
+
+
+def tb(name: str | None = None) -> str:
+    return resource_path("kvpool.dev/v1alpha1", "tenantbudgets", NS, name)
+
+
+def core(plural: str, name: str | None = None, api: str = "v1") -> str:
+    return resource_path(api, plural, NS, name)
+
+
+DEPLOYMENTS = ("apps/v1", "deployments")
+PDBS = ("policy/v1", "poddisruptionbudgets")
+
+
+def names(kube: KubeApi, plural: str, api: str = "v1") -> list[str]:
+    return sorted(i["metadata"]["name"] for i in kube.client.get(core(plural, api=api))["items"])
+
+
+def pool_builder(name: str = "chat", peak: int = 6) -> Any:
+    return (
+        make_pool(name)
+        .lengths((100, 200), (50, 100))
+        .peak(interactive=peak)
+        .replicas(1, 8)
+        .capacity(kvTokensPerReplica=3000)
+    )
+
+
+def status(kube: KubeApi, name: str = "chat") -> dict[str, Any]:
+    return kube.client.get(mp(name)).get("status") or {}
+
+
+def condition(st: dict[str, Any], type_: str) -> tuple[str, str]:
+    found = next(c for c in st.get("conditions", []) if c["type"] == type_)
+    return found["status"], found["reason"]
+
+
+def admission_config(kube: KubeApi) -> dict[str, Any]:
+    cm = kube.client.get(core("configmaps", "kvpool-admission"))
+    return json.loads(cm["data"]["config.json"])  # type: ignore[no-any-return]
+
+
+def events(kube: KubeApi, name: str = "chat") -> list[str]:
+    items = kube.client.get(core("events"))["items"]
+    return [e["reason"] for e in items if e["involvedObject"]["name"] == name]
+
+
+def given_policy_tenant_and_pool(kube: KubeApi, peak: int = 6) -> None:
+    kube.client.create(core("secrets"), make_secret("acme-key", "api-key", API_KEY))
+    kube.client.create(
+        tb(), make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000).dict()
+    )
+    kube.client.create(tp(), standard_policy().dict())
+    kube.client.create(mp(), pool_builder(peak=peak).dict())
+
+
+@pytest.fixture
+def operator(kube_api: KubeApi, tmp_path: Path) -> Any:
+    with run_operator(kube_api, tmp_path) as op:
+        yield op
+
+
+def test_a_pool_gets_its_engine_workload_status_and_compiled_config(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    # Given a policy, a tenant with its Secret, and a pool
+    given_policy_tenant_and_pool(kube_api)
+
+    # Then the operator creates the Deployment, Service and PDB of the stable track
+    st = wait_until(lambda: status(kube_api).get("plan") and status(kube_api))
+    dep = wait_until(lambda: kube_api.client.get(core("deployments", "chat-stable", api="apps/v1")))
+    assert dep["spec"]["replicas"] == 2 == st["plan"]["replicas"]
+    template = dep["spec"]["template"]
+    assert template["metadata"]["labels"]["kvpool.dev/revision"] == st["revision"]
+    assert template["metadata"]["labels"]["kvpool.dev/track"] == "stable"
+    args = template["spec"]["containers"][0]["args"]
+    assert "--served-model-name=chat" in args and "--scheduling-policy=priority" in args
+    assert (
+        dep["metadata"]["ownerReferences"][0]["uid"]
+        == kube_api.client.get(mp("chat"))["metadata"]["uid"]
+    )
+    svc = kube_api.client.get(core("services", "chat-stable"))
+    assert svc["spec"]["selector"] == {"kvpool.dev/pool": "chat", "kvpool.dev/track": "stable"}
+    assert (
+        kube_api.client.get(core("poddisruptionbudgets", "chat", api="policy/v1"))["spec"][
+            "minAvailable"
+        ]
+        == 1
+    )
+
+    # And the status says what was planned, from which figure, and why it is not ready
+    assert st["observedGeneration"] == 1
+    assert st["capacity"] == {
+        "kvTokensPerReplica": 3000,
+        "source": "Declared",
+        "replicasMeasured": 0,
+    }
+    assert (
+        st["plan"]["usableKvTokensPerReplica"] == 2700
+        and st["plan"]["liveSequencesPerReplica"] == 9
+    )
+    assert st["plan"]["tiers"][0] == {
+        "name": "interactive",
+        "floorTokens": 2700,
+        "floorSlots": 9,
+        "lendableTokens": 2700,
+        "lendableSlots": 9,
+        "requiredReplicas": 2,
+        "capacityShort": False,
+    }
+    assert condition(st, "Ready") == ("False", "ReplicasNotReady")
+    assert condition(st, "CapacityMeasured") == ("False", "DeclaredCapacity")
+    assert condition(st, "MetricsUnavailable") == ("True", "MetricsDisabled")
+    assert condition(st, "CapacityShort") == ("False", "CapacitySufficient")
+    assert st["phase"] == "Pending"
+
+    # And the compiled config holds the plan and the tenant's key digest, never the key
+    config = wait_until(lambda: admission_config(kube_api)["pools"] and admission_config(kube_api))
+    assert config["formatVersion"] == 1 and config["namespace"] == NS
+    pool = config["pools"][0]
+    assert (pool["name"], pool["replicas"], pool["totalTokens"], pool["totalSlots"]) == (
+        "chat",
+        2,
+        5400,
+        18,
+    )
+    assert pool["tiers"]["interactive"]["floorTokens"] == 2700
+    assert config["tenants"][0]["keySha256"] == hashlib.sha256(API_KEY.encode()).hexdigest()
+    assert API_KEY not in json.dumps(config)
+    assert [t["name"] for t in config["tierPolicies"][0]["tiers"]] == [
+        "interactive",
+        "batch",
+        "eval",
+    ]
+
+    # And a human sees the decision as an Event
+    assert "ScaledWarmReplicas" in wait_until(lambda: events(kube_api))
+
+
+def test_readiness_and_spec_changes_replan(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: kube_api.client.get(core("deployments", "chat-stable", api="apps/v1")))
+    first_revision = wait_until(lambda: status(kube_api)["revision"])
+
+    # When the engines become ready
+    kube_api.client.patch(
+        core("deployments", "chat-stable", api="apps/v1") + "/status",
+        {"status": {"replicas": 2, "readyReplicas": 2}},
+    )
+    # Then the pool is Ready
+    wait_until(lambda: condition(status(kube_api), "Ready") == ("True", "PoolReady"))
+    assert status(kube_api)["replicas"]["ready"] == 2 and status(kube_api)["phase"] == "Ready"
+
+    # When the peak doubles: more warm replicas (ceil(12 * 1.2 / 4.5) = 4)
+    kube_api.client.patch(
+        mp("chat"), {"spec": {"capacity": {"peakConcurrency": {"interactive": 12}}}}
+    )
+    wait_until(
+        lambda: (
+            kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))["spec"][
+                "replicas"
+            ]
+            == 4
+        )
+    )
+    wait_until(lambda: status(kube_api)["observedGeneration"] == 2)
+    assert status(kube_api)["revision"] == first_revision  # planning fields are not the engine
+
+    # When the engine image changes: a new revision on the same Deployment, no second one
+    kube_api.client.patch(mp("chat"), {"spec": {"engine": {"image": "vllm/vllm-openai:v0.12.0"}}})
+    wait_until(lambda: status(kube_api)["revision"] != first_revision)
+    dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
+    assert (
+        dep["spec"]["template"]["metadata"]["labels"]["kvpool.dev/revision"]
+        == status(kube_api)["revision"]
+    )
+    assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
+
+
+def test_a_tier_policy_change_replans_its_pools_and_the_config(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: status(kube_api)["plan"]["replicas"] == 2)
+
+    # When the interactive floor halves, its peak needs ceil(6 * 1.2 / (9 * 25%)) = 4 replicas
+    ops = [{"op": "replace", "path": "/spec/tiers/0/floorPercent", "value": 25}]
+    kube_api.client.json_patch(tp("tiers"), ops)
+
+    wait_until(lambda: status(kube_api)["plan"]["replicas"] == 4)
+    assert status(kube_api)["plan"]["tiers"][0]["floorTokens"] == 4 * 2700 * 25 // 100
+    wait_until(
+        lambda: admission_config(kube_api)["tierPolicies"][0]["tiers"][0]["floorPercent"] == 25
+    )
+    assert admission_config(kube_api)["pools"][0]["replicas"] == 4
+
+
+def test_tenant_and_secret_changes_update_the_config(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    digest = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
+    wait_until(
+        lambda: [t["keySha256"] for t in admission_config(kube_api)["tenants"]] == [digest(API_KEY)]
+    )
+
+    # When the key rotates, the digest follows
+    kube_api.client.patch(
+        core("secrets", "acme-key"), {"data": make_secret("x", "api-key", "sk-new")["data"]}
+    )
+    wait_until(lambda: admission_config(kube_api)["tenants"][0]["keySha256"] == digest("sk-new"))
+
+    # When a tenant is added without its Secret, it is left out until the Secret appears
+    kube_api.client.create(tb(), make_budget("beta").tiers("batch").dict())
+    kube_api.client.patch(tb("acme"), {"spec": {"weight": 5}})
+    wait_until(lambda: admission_config(kube_api)["tenants"][0]["weight"] == 5)
+    assert [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme"]
+    kube_api.client.create(core("secrets"), make_secret("beta-key", "api-key", "sk-beta"))
+    wait_until(
+        lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme", "beta"]
+    )
+
+    # When a tenant is deleted, it leaves the config
+    kube_api.client.delete(tb("acme"))
+    wait_until(lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["beta"])
+
+
+def test_a_missing_tier_policy_blocks_changes_until_it_appears(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    # Given a pool whose policy does not exist
+    kube_api.client.create(mp(), pool_builder().dict())
+
+    # Then it says so, and no engine workload is created
+    wait_until(lambda: condition(status(kube_api), "Ready") == ("False", "TierPolicyNotFound"))
+    assert status(kube_api)["phase"] == "Error"
+    assert names(kube_api, "deployments", "apps/v1") == []
+    assert "TierPolicyNotFound" in wait_until(lambda: events(kube_api))
+
+    # When the policy appears, the pool recovers
+    kube_api.client.create(tp(), standard_policy().dict())
+    wait_until(lambda: condition(status(kube_api), "Ready") == ("False", "ReplicasNotReady"))
+    assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
+    assert status(kube_api)["plan"]["replicas"] == 2
+
+    # When the policy disappears again, the Deployment is left as it is
+    kube_api.client.delete(tp("tiers"))
+    wait_until(lambda: condition(status(kube_api), "Ready") == ("False", "TierPolicyNotFound"))
+    dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
+    assert dep["spec"]["replicas"] == 2
+    assert status(kube_api)["plan"]["replicas"] == 2  # the last plan is kept
+
+
+def test_deleting_a_pool_removes_its_children_and_its_config_entry(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    kube_api.client.create(mp(), pool_builder("other").dict())
+    wait_until(lambda: len(names(kube_api, "services")) == 2)
+    wait_until(lambda: len(admission_config(kube_api)["pools"]) == 2)
+
+    kube_api.client.delete(mp("chat"))
+
+    wait_until(lambda: names(kube_api, "deployments", "apps/v1") == ["other-stable"])
+    wait_until(lambda: names(kube_api, "services") == ["other-stable"])
+    wait_until(lambda: names(kube_api, "poddisruptionbudgets", "policy/v1") == ["other"])
+    wait_until(lambda: [p["name"] for p in admission_config(kube_api)["pools"]] == ["other"])
+    assert kube_api.client.request("GET", mp("chat")).status == 404  # the finalizer was released
+
+
+def test_pods_become_endpoints_and_static_endpoints_serve_local_mode(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: admission_config(kube_api)["pools"])
+
+    # When an engine pod of the pool gets an IP and becomes ready
+    pod = {
+        "metadata": {
+            "name": "chat-stable-abc",
+            "labels": {"kvpool.dev/pool": "chat", "kvpool.dev/track": "stable"},
+        },
+        "spec": {"containers": [{"name": "engine", "image": "x"}]},
+    }
+    kube_api.client.create(core("pods"), pod)
+    kube_api.client.patch(
+        core("pods", "chat-stable-abc") + "/status",
+        {"status": {"podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "True"}]}},
+    )
+    endpoints = lambda: admission_config(kube_api)["pools"][0]["tracks"][0]["endpoints"]  # noqa: E731
+    wait_until(
+        lambda: (
+            endpoints()
+            == [{"name": "chat-stable-abc", "url": "http://10.1.2.3:8000", "ready": True}]
+        )
+    )
+
+    # When the pool declares static endpoints (local mode), they are used instead
+    kube_api.client.patch(
+        mp("chat"),
+        {"metadata": {"annotations": {"kvpool.dev/static-endpoints": "e1=http://127.0.0.1:8001"}}},
+    )
+    wait_until(
+        lambda: endpoints() == [{"name": "e1", "url": "http://127.0.0.1:8001", "ready": True}]
+    )
+    wait_until(lambda: status(kube_api)["replicas"]["ready"] == 1)
+
+
+def test_restart_mid_reconcile_creates_no_duplicates(kube_api: KubeApi, tmp_path: Path) -> None:
+    # Given an operator that pauses 2 s between child writes
+    op = OperatorProcess(kube_api, tmp_path, env={"KVPOOL_TESTING_APPLY_DELAY": "2"})
+    try:
+        op.start()
+        given_policy_tenant_and_pool(kube_api)
+        # When it is killed after the Deployment, before the Service
+        wait_until(
+            lambda: names(kube_api, "deployments", "apps/v1") == ["chat-stable"], interval=0.05
+        )
+        assert names(kube_api, "services") == []
+        op.restart(kill=True, env={"KVPOOL_TESTING_APPLY_DELAY": "0"})
+
+        # Then the restarted operator finishes the job, with one object of each
+        wait_until(lambda: status(kube_api).get("plan"))
+        wait_until(lambda: names(kube_api, "poddisruptionbudgets", "policy/v1") == ["chat"])
+        assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
+        assert names(kube_api, "services") == ["chat-stable"]
+        assert names(kube_api, "configmaps") == ["kvpool-admission"]
+
+        # And a graceful restart with nothing changed writes nothing
+        before = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))["metadata"][
+            "resourceVersion"
+        ]
+        op.restart(kill=False)
+        wait_until(lambda: 'kvpool_operator_reconciles_total{result="ok"}' in op.metrics())
+        after = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))["metadata"][
+            "resourceVersion"
+        ]
+        assert before == after
+    finally:
+        op.stop()
+
+
+def test_api_server_errors_are_retried(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    # Given an API server that refuses the first Deployment creations and status writes
+    kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")][:2] << 503
+    kube_api.emulator["patch", kmock.resource("kvpool.dev", "v1alpha1", "modelpools")][:1] << 429
+    given_policy_tenant_and_pool(kube_api)
+
+    # Then the operator gets there anyway
+    wait_until(lambda: status(kube_api).get("plan"))
+    assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
+    assert len(kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")]) >= 3
+
+
+def test_health_and_own_metrics(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: status(kube_api).get("plan"))
+    assert operator.healthy()
+    text = wait_until(
+        lambda: (
+            'kvpool_operator_config_publishes_total{action="created"}' in operator.metrics()
+            and operator.metrics()
+        )
+    )
+    assert 'kvpool_operator_reconciles_total{result="ok"}' in text
+    assert "kvpool_operator_reconcile_duration_seconds_bucket" in text
+    assert 'kvpool_operator_plans_total{outcome="Planned"}' in text
+    assert 'kvpool_operator_warm_replicas{namespace="default",pool="chat"} 2.0' in text
+
+
+def test_kubectl_shows_the_printer_columns(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: status(kube_api).get("plan"))
+    out = kube_api.kubectl("get", "kvpool", "-A").stdout
+    header, row = next(
+        (line, out.splitlines()[i + 1]) for i, line in enumerate(out.splitlines()) if "WARM" in line
+    )
+    for column in ("READY", "WARM", "KV/REPLICA", "PHASE"):
+        assert column in header
+    assert row.split()[:7] == [
+        "default",
+        "modelpool.kvpool.dev/chat",
+        "0",
+        "2",
+        "3000",
+        "2700",
+        "Pending",
+    ]

@@ -1,0 +1,128 @@
+"""Run the real operator (``kvpool operator``, kopf) as a process for integration tests.
+
+Why a process and not an in-thread runner: the tests kill it (SIGKILL, mid-reconcile) and
+start it again, as a crash and a rollout would, and they measure its memory.
+
+    with run_operator(kube_api, tmp_path) as op:    # started, /healthz answers
+        op.metrics()                                 # text of its /metrics
+        op.restart(kill=True)                        # SIGKILL, then start again
+
+``wait_until(fn)`` polls ``fn`` until it returns a truthy value (an exception counts as
+"not yet") and returns it; on timeout it raises with the last error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.support.kube import KubeApi
+from tests.support.ports import free_port
+from tests.support.processes import ManagedProcess
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+class OperatorExitedError(Exception):
+    """The operator process is gone (its log tail is the message)."""
+
+
+def wait_until(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.1) -> T:
+    """The first truthy result of ``fn()`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = fn()
+            if result:
+                return result
+            last = None
+        except OperatorExitedError:
+            raise
+        except Exception as exc:  # not yet: a missing object, a key not there yet...
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"not true within {timeout}s; last error: {last!r}")
+
+
+class OperatorProcess:
+    """One ``kvpool operator`` process against a test API server."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        workdir: Path,
+        *,
+        prometheus_url: str | None = None,
+        interval: str = "1s",
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "kvpool.cli",
+            "operator",
+            f"--kubeconfig={kube.kubeconfig}",
+            f"--measure-interval={interval}",
+            f"--metrics-port={self.metrics_port}",
+            f"--health-port={self.health_port}",
+            "--listen-host=127.0.0.1",
+            *(["--standalone"] if not any(a.startswith("--peering") for a in extra_args) else []),
+            *([f"--prometheus-url={prometheus_url}"] if prometheus_url else []),
+            *extra_args,
+        ]
+        full_env = {k: v for k, v in os.environ.items() if k != "KVPOOL_PROMETHEUS_URL"}
+        self.process = ManagedProcess(argv, workdir / "operator.log", full_env | (env or {}), REPO)
+
+    def start(self) -> None:
+        self.process.start()
+        wait_until(self.healthy, timeout=30)
+
+    def healthy(self) -> bool:
+        if not self.process.running():
+            raise OperatorExitedError(f"operator exited:\n{self.process.log_tail()}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=1
+            ) as rsp:
+                return bool(rsp.status == 200)
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as rsp:
+            return str(rsp.read().decode())
+
+    def restart(self, *, kill: bool, env: dict[str, str] | None = None) -> None:
+        self.process.kill() if kill else self.process.stop()
+        if env is not None:
+            self.process.env.update(env)
+        self.start()
+
+    def stop(self) -> None:
+        self.process.stop(timeout=10)
+
+    def log(self) -> str:
+        return self.process.log_tail(200)
+
+
+@contextlib.contextmanager
+def run_operator(kube: KubeApi, workdir: Path, **kwargs: Any) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(kube, workdir, **kwargs)
+    try:
+        op.start()
+        yield op
+    finally:
+        op.stop()
