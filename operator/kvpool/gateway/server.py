@@ -420,6 +420,8 @@ class Gateway:
         access_log.info(
             json.dumps(
                 {
+                    "ts": round(self.wall_clock(), 3),
+                    "request_id": admission.request_id,
                     "tenant": admission.tenant.tenant,
                     "tier": admission.tier.name,
                     "pool": admission.pool.name,

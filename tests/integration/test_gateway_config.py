@@ -1,0 +1,157 @@
+"""The gateway picks up a new compiled config - from a file or the operator's ConfigMap -
+without a restart and without dropping in-flight requests; a broken config is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from kvpool.adapters.config_source import (
+    ConfigError,
+    ConfigMapSource,
+    FileConfigSource,
+    KubeAccess,
+    fetch_config_file,
+)
+from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
+from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.support.kube import KubeApi
+
+
+async def _next_config(queue: asyncio.Queue[AdmissionConfig]) -> AdmissionConfig:
+    return await asyncio.wait_for(queue.get(), timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("{not json", "Invalid JSON"),
+        ('{"formatVersion": 2, "namespace": "x"}', "formatVersion"),
+        ('{"namespace": "x", "surprise": 1}', "surprise"),
+    ],
+    ids=["bad-json", "unknown-format-version", "unknown-field"],
+)
+def test_a_config_that_breaks_the_contract_is_refused(
+    tmp_path: Path, content: str, fragment: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=fragment):
+        fetch_config_file(path)
+
+
+async def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: Path) -> None:
+    path = standard_config(["http://127.0.0.1:1"]).write(tmp_path / "config.json")
+    source = FileConfigSource(path, interval=0.02)
+    assert source.load().tenants[0].tenant == "acme"
+    configs: asyncio.Queue[AdmissionConfig] = asyncio.Queue()
+    errors: list[str] = []
+    watcher = asyncio.create_task(source.watch(configs.put_nowait, errors.append))
+    try:
+        changed = standard_config(["http://127.0.0.1:1"])
+        changed.tenant("newcomer", key="sk-new", tiers=["batch"])
+        changed.write(path)
+        assert len((await _next_config(configs)).tenants) == 3
+
+        path.write_text("{broken")
+        for _ in range(100):
+            if errors:
+                break
+            await asyncio.sleep(0.02)
+        assert errors and configs.empty()
+
+        # a ConfigMap volume update: a new file swapped in by a symlink rename
+        target = standard_config(["http://127.0.0.1:2"]).write(tmp_path / "v2.json")
+        link = tmp_path / "link.tmp"
+        link.symlink_to(target)
+        os.replace(link, path)
+        config = await _next_config(configs)
+        assert config.pools[0].tracks[0].endpoints[0].url == "http://127.0.0.1:2"
+    finally:
+        watcher.cancel()
+
+
+async def test_configmap_source_follows_the_operator_configmap(kube_api: KubeApi) -> None:
+    path = "/api/v1/namespaces/default/configmaps"
+    first = standard_config(["http://127.0.0.1:1"]).obj()
+    kube_api.client.create(
+        path,
+        {"metadata": {"name": CONFIGMAP_NAME}, "data": {CONFIGMAP_KEY: first.to_json()}},
+    )
+    source = ConfigMapSource("default", KubeAccess(server=kube_api.url), interval=0.05)
+    assert (await source.load()).tenants[0].tenant == "acme"
+    configs: asyncio.Queue[AdmissionConfig] = asyncio.Queue()
+    errors: list[str] = []
+    watcher = asyncio.create_task(source.watch(configs.put_nowait, errors.append))
+    try:
+        await asyncio.sleep(0.2)
+        assert configs.empty()  # same resourceVersion: nothing delivered
+        second = standard_config(["http://127.0.0.1:1"])
+        second.tenant("newcomer", key="sk-new", tiers=["batch"])
+        kube_api.client.patch(
+            f"{path}/{CONFIGMAP_NAME}", {"data": {CONFIGMAP_KEY: second.obj().to_json()}}
+        )
+        assert len((await _next_config(configs)).tenants) == 3
+        kube_api.client.patch(f"{path}/{CONFIGMAP_NAME}", {"data": {CONFIGMAP_KEY: "{"}})
+        for _ in range(100):
+            if errors:
+                break
+            await asyncio.sleep(0.05)
+        assert errors and configs.empty()
+    finally:
+        watcher.cancel()
+
+
+async def test_running_gateway_process_reloads_without_dropping_requests(
+    tmp_path: Path,
+) -> None:
+    """Given a `kvpool gateway` process serving a slow request, when its config file gains a
+    tenant, then the slow request completes and the new tenant is served."""
+    engine = await FakeEngine(delay=1.5).start()
+    config_path = standard_config([engine.url]).write(tmp_path / "config.json")
+    gateway = GatewayProcess(
+        config_path, tmp_path / "gateway.log", extra_args=("--reload-interval", "0.1")
+    )
+    try:
+        await asyncio.to_thread(gateway.start)
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+            slow = asyncio.ensure_future(
+                session.post(
+                    f"{gateway.url}/v1/completions",
+                    json=body,
+                    headers={"Authorization": "Bearer sk-acme"},
+                )
+            )
+            await asyncio.sleep(0.3)
+            changed = standard_config([engine.url])
+            changed.tenant("newcomer", key="sk-new", tiers=["batch"])
+            changed.write(config_path)
+            engine.delay = 0.0
+            newcomer_status = 401
+            for _ in range(50):
+                async with session.post(
+                    f"{gateway.url}/v1/completions",
+                    json=body,
+                    headers={"Authorization": "Bearer sk-new"},
+                ) as resp:
+                    newcomer_status = resp.status
+                if newcomer_status == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert newcomer_status == 200
+            slow_resp = await slow
+            assert slow_resp.status == 200
+            assert json.loads(await slow_resp.read())["usage"]["completion_tokens"] == 2
+            async with session.get(f"{gateway.url}/metrics") as resp:
+                text = await resp.text()
+            assert 'kvpool_gateway_config_reloads_total{result="applied"} 1.0' in text
+    finally:
+        await asyncio.to_thread(gateway.stop)
+        await engine.stop()
