@@ -13,10 +13,14 @@ Why per test: starting it costs ~10 ms, and a fresh API (no objects but the ``de
   code that logs in from the environment, e.g. ``kvpool.adapters.kube.load_connection()``).
   Beware: ``kubernetes.config.load_kube_config()`` without ``config_file`` uses the
   ``KUBECONFIG`` seen when the ``kubernetes`` package was first imported, not this one.
+- ``kubectl_installed``: the path of ``kubectl``; a test that needs it fails under CI
+  (``CI=true``) and is skipped locally when it is missing.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,3 +41,14 @@ def kube_api(tmp_path: Path) -> Iterator[KubeApi]:
 def kube_api_env(kube_api: KubeApi, monkeypatch: pytest.MonkeyPatch) -> KubeApi:
     monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig))
     return kube_api
+
+
+@pytest.fixture
+def kubectl_installed() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        message = "kubectl is not installed (apt-get install kubectl, or put it in PATH)"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"CI: {message}", pytrace=False)
+        pytest.skip(message)
+    return path

@@ -587,6 +587,7 @@ def test_kopf_operator_with_peering_announces_itself(
 # --- proof 2: kubectl against the emulator -------------------------------------------------
 
 
+@pytest.mark.usefixtures("kubectl_installed")
 def test_kubectl_lists_our_kinds_with_their_printer_columns(kube_api: KubeApi) -> None:
     for crd in CRDS:
         kube_api.client.create(
@@ -614,6 +615,7 @@ def test_kubectl_lists_our_kinds_with_their_printer_columns(kube_api: KubeApi) -
     assert "Serving" in pool_row
 
 
+@pytest.mark.usefixtures("kubectl_installed")
 def test_kubectl_watch_shows_changes_as_table_rows(kube_api: KubeApi) -> None:
     kube_api.client.create(pools(), build_pool("a"))
 
@@ -633,6 +635,7 @@ def test_kubectl_watch_shows_changes_as_table_rows(kube_api: KubeApi) -> None:
     assert "Serving" in rows[1]
 
 
+@pytest.mark.usefixtures("kubectl_installed")
 def test_kubectl_reads_and_deletes_one_object(kube_api: KubeApi) -> None:
     kube_api.client.create(pools(), build_pool("a"))
 
