@@ -277,10 +277,10 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self._handle)
         return app
 
-    async def start(self) -> FakeEngine:
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True)
+    async def start(self, port: int = 0) -> FakeEngine:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, backlog=1024)
         await site.start()
         server = site._server
         assert server is not None and server.sockets  # type: ignore[attr-defined]
@@ -348,6 +348,16 @@ class FakeEngine:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+
+
+def serve_fake_engine(port: int, chunk_delay: float = 0.0, delay: float = 0.0) -> None:
+    """Run a FakeEngine on ``port`` until killed (for benchmarks, in a child process)."""
+
+    async def main() -> None:
+        await FakeEngine(delay=delay, chunk_delay=chunk_delay).start(port)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
 
 
 class GatewayProcess:

@@ -42,6 +42,7 @@ from kvpool.gateway.errors import UPSTREAM, GatewayError
 FORWARDED_HEADERS = ("Content-Type", "Accept", "User-Agent")
 SSE_DATA = b"data: "
 SSE_DONE = b"[DONE]"
+SSE_END = b"\n\n"  # vLLM ends every event with a blank line
 
 
 @dataclass
@@ -196,6 +197,16 @@ def _is_usage_only(payload: bytes, meter: UsageMeter) -> bool:
     return usage is not None
 
 
+async def _write(response: web.StreamResponse, data: bytes, meter: UsageMeter) -> bool:
+    """Write to the client; False (and ``meter.client_gone``) if it went away."""
+    try:
+        await response.write(data)
+    except ConnectionError:  # leaving the relay closes the upstream request too
+        meter.client_gone = True
+        return False
+    return True
+
+
 async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
@@ -207,22 +218,24 @@ async def _relay_stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
     )
     await response.prepare(request)
-    skip_blank = False
+    pending = b""
     try:
-        async for line in upstream.content:
-            if line.startswith(SSE_DATA):
-                usage_only = _is_usage_only(line[len(SSE_DATA) :].strip(), meter)
-                if usage_only and not caller_wants_usage:
-                    skip_blank = True
-                    continue
-            elif skip_blank and not line.strip():
-                skip_blank = False
+        async for data in upstream.content.iter_any():
+            pending += data
+            if SSE_END not in pending:
                 continue
-            try:
-                await response.write(line)
-            except ConnectionError:  # the client went away: stop; leaving closes upstream
-                meter.client_gone = True
+            *events, pending = pending.split(SSE_END)
+            out = []
+            for event in events:
+                if event.startswith(SSE_DATA):
+                    usage_only = _is_usage_only(event[len(SSE_DATA) :].strip(), meter)
+                    if usage_only and not caller_wants_usage:
+                        continue
+                out.append(event + SSE_END)
+            if out and not await _write(response, b"".join(out), meter):
                 return response
+        if pending.strip() and not await _write(response, pending, meter):
+            return response
     except (
         aiohttp.ClientPayloadError,
         aiohttp.ServerDisconnectedError,
