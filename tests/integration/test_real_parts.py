@@ -6,34 +6,46 @@ the OpenAI endpoints answer (plain and streaming), the engine publishes its KV c
 down to whole blocks), Prometheus' query API returns that series, and Redis survives a kill
 and a restart on the same port.
 
-Runtime: ~1-1.5 min (three engine starts of ~15 s each, one after the other; the main
-engine is shared by the module). Figures (start time, RSS) are printed: run with ``-rP``
-or ``-s`` to see them.
+Runtime: ~1 min on an idle machine (two engine starts of ~15 s and one failing start of
+~12 s, one after the other; the main engine is shared by the module).
+Figures (start time, RSS) are printed: run with ``-rP`` or ``-s`` to see them.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.engine import EngineFactory, EngineStartError, VllmEngine
 from tests.support.prometheus import PrometheusFactory
 from tests.support.redis_server import RedisFactory, ping
 from tests.support.tiny_model import DEFAULT_SPEC, KV_BYTES_PER_TOKEN, generation_seconds
 
 MIB = 1024 * 1024
+USABLE_TOKENS_2MIB = (16 - 1) * 128  # 16 blocks of 128 tokens, less the null block
 PROMPT = "Hello world, the pool admits tokens for the tenant budget."
 
 
 @pytest.fixture(scope="module")
 def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    """The module's shared engine: 2 MiB of KV, the CPU default block size, priority policy."""
-    started = vllm_engine_module(kv_cache_memory_bytes=2 * MIB, scheduling_policy="priority")
+    """The module's shared engine: 2 MiB of KV (16 blocks of 128), one sequence at a time.
+
+    ``max_model_len`` 1920 is the longest that fits: 15 of the 16 blocks (one is vLLM's null
+    block). One sequence at a time makes the priority queue observable.
+    """
+    started = vllm_engine_module(
+        kv_cache_memory_bytes=2 * MIB,
+        max_model_len=USABLE_TOKENS_2MIB,
+        max_num_seqs=1,
+        scheduling_policy="priority",
+    )
     print(
         f"figures: engine start {started.start_seconds:.1f} s, "
         f"RSS {started.rss_bytes() / MIB:.0f} MiB (server + EngineCore)"
@@ -54,7 +66,7 @@ def test_tiny_model_kv_cost_and_generation_time(tiny_model: Path) -> None:
 def test_engine_lists_the_served_model(engine: VllmEngine) -> None:
     models = engine.get_json("/v1/models")
     assert [m["id"] for m in models["data"]] == ["tiny"]
-    assert models["data"][0]["max_model_len"] == 512
+    assert models["data"][0]["max_model_len"] == USABLE_TOKENS_2MIB
 
 
 @pytest.mark.engine
@@ -148,10 +160,11 @@ def test_metrics_publish_capacity_in_tokens(engine: VllmEngine) -> None:
 @pytest.mark.parametrize(
     ("kv_bytes", "block_size", "blocks", "tokens"),
     [
-        (1 * MIB, None, 8, 1024),  # half of the shared engine's 2 MiB: half the blocks
-        (1_000_000, 32, 30, 960),  # not a whole number of 32 KiB blocks: rounded down
+        # Not a whole number of 32 KiB blocks: rounded down. (Halving the bytes at the same
+        # block size halves the blocks exactly: the same formula; one engine start less.)
+        (1_000_000, 32, 30, 960),
     ],
-    ids=["half-the-bytes-half-the-blocks", "rounded-down-to-whole-blocks"],
+    ids=["block-size-32-rounded-down-to-whole-blocks"],
 )
 def test_capacity_follows_kv_cache_memory_bytes(
     engine: VllmEngine,
@@ -169,6 +182,44 @@ def test_capacity_follows_kv_cache_memory_bytes(
     assert info.capacity_tokens == kv_bytes // (block * KV_BYTES_PER_TOKEN) * block
     assert info.capacity_tokens < shared.capacity_tokens
     print(f"figures: engine start {other.start_seconds:.1f} s ({kv_bytes} bytes of KV)")
+
+
+@pytest.mark.engine
+def test_max_model_len_must_fit_in_all_blocks_but_one(vllm_engine: EngineFactory) -> None:
+    # kv_cache_size_tokens says 2048, but one block is vLLM's null block: 2048 cannot start.
+    with pytest.raises(EngineStartError, match="estimated maximum model length is 1920"):
+        vllm_engine(kv_cache_memory_bytes=2 * MIB, max_model_len=2048)
+
+
+@pytest.mark.engine
+def test_priority_orders_the_waiting_queue(engine: VllmEngine) -> None:
+    # Given one sequence slot, taken by a long request,
+    # when three requests queue up in the order low (10), mid (5), high (0),
+    # then they run high, mid, low (lower value first), one after the other.
+    finished: list[str] = []
+    blocker_running = threading.Event()
+
+    def block() -> None:
+        body = {"model": "tiny", "prompt": "blocker", "max_tokens": USABLE_TOKENS_2MIB - 20}
+        for _ in engine.stream_events("/v1/completions", {**body, "ignore_eos": True}, 120):
+            blocker_running.set()  # its first token: it holds the only slot
+        finished.append("blocker")
+
+    def complete(name: str, priority: int, max_tokens: int) -> None:
+        body = {"model": "tiny", "prompt": name, "max_tokens": max_tokens, "ignore_eos": True}
+        engine.post_json("/v1/completions", {**body, "priority": priority}, timeout=120)
+        finished.append(name)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        blocker = pool.submit(block)
+        assert blocker_running.wait(timeout=60)
+        queued = []
+        for name, priority in [("low", 10), ("mid", 5), ("high", 0)]:
+            queued.append(pool.submit(complete, name, priority, 300))
+            time.sleep(0.05)
+        for future in [blocker, *queued]:
+            future.result()
+    assert finished == ["blocker", "high", "mid", "low"]
 
 
 @pytest.mark.engine
