@@ -357,7 +357,12 @@ def serve_fake_engine(port: int, chunk_delay: float = 0.0, delay: float = 0.0) -
         await FakeEngine(delay=delay, chunk_delay=chunk_delay).start(port)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
 
 
 class GatewayProcess:

@@ -20,6 +20,8 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -164,6 +166,15 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run on uvloop when it is installed (about half the per-chunk relay cost), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``kvpool gateway``."""
     logging.basicConfig(
@@ -172,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     try:
-        return asyncio.run(serve(args))
+        return _run_loop(serve(args))
     except ConfigError as exc:
         print(f"kvpool gateway: {exc}", file=sys.stderr)
         return 1
