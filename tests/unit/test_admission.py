@@ -259,6 +259,26 @@ def test_tenant_max_concurrency() -> None:
     assert [a.request_id for a in ctl.release("r1", 1.0).admitted] == ["r3"]
 
 
+def test_offer_that_lets_another_tenant_move_up_delivers_it_on_the_next_wakeups() -> None:
+    """a's queued 900-token hi request heads hi and does not fit; a's lo request starts
+    within lo's floor, bringing a to its max_concurrency of 1, so b's small hi request
+    becomes hi's head and fits: it is started and delivered by the next Wakeups (the I/O
+    layer calls expire at next_deadline, which is now)."""
+    builder = PoolBuilder().capacity(1000, 10).tier("hi", 100, 2).tier("lo", 100, 2)
+    ctl, make = controller(builder), Requests()
+    ctl.offer(make.make("hi", 800, tenant="x"), 0.0)  # r1
+    big = ctl.offer(make.make("hi", 900, tenant="a", max_concurrency=1), 0.0)  # r2
+    small = ctl.offer(make.make("hi", 50, tenant="b"), 0.0)  # r3, behind the older r2
+    assert (type(big), type(small)) == (Queue, Queue)
+    assert ctl.next_deadline() == 5.0
+    starts = ctl.offer(make.make("lo", 40, tenant="a", max_concurrency=1), 1.0)  # r4
+    assert isinstance(starts, Admit)
+    assert ctl.next_deadline() == 1.0  # pending delivery: call expire now
+    woken = ctl.expire(1.0)
+    assert [a.request_id for a in woken.admitted] == ["r3"]
+    assert ctl.next_deadline() == 5.0
+
+
 def _with_observed_hold(hold: float) -> tuple[AdmissionController, Requests]:
     """A full pool (10 x 100 tokens) that has seen one reservation held ``hold`` seconds."""
     builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)

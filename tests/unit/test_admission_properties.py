@@ -135,6 +135,14 @@ class AdmissionMachine(RuleBasedStateMachine):
             max_concurrency=data.draw(st.sampled_from([None, 1, 3])),
         )
         self._record(self.ctl.offer(request, self.now), request)
+        self._deliver_pending()
+
+    def _deliver_pending(self) -> None:
+        """What the I/O layer does: call expire at next_deadline (now, if an offer started
+        other requests too)."""
+        deadline = self.ctl.next_deadline()
+        if deadline is not None and deadline <= self.now:
+            self._apply(self.ctl.expire(self.now))
 
     @precondition(lambda self: self.inflight)
     @rule(data=st.data(), actual=st.one_of(st.none(), st.integers(0, 500)))
@@ -223,6 +231,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         over = snap.overcommit_tokens + snap.overcommit_slots
         verdict = self.ctl.offer(request, self.now)
         self._record(verdict, request)
+        self._deliver_pending()
         if isinstance(verdict, Admit):
             return
         assert lent > 0 or over > 0, f"floor request refused with nothing lent: {verdict}"
@@ -264,6 +273,12 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert replica.reserved_tokens == sum(a.tokens for a in mine)
         assert not (set(self.inflight) & set(self.queued))
         assert not (set(self.inflight) & self.finished)
+
+    @invariant()
+    def queue_is_at_a_fixed_point(self) -> None:
+        """Nothing queued could start now: every change already woke what it could."""
+        if hasattr(self, "ctl"):
+            assert self.ctl._dispatch(self.now) == []
 
     @invariant()
     def lending_is_bounded(self) -> None:

@@ -64,7 +64,12 @@ Complexity: a decision is O(tiers + tenants of the tier + replicas); no scan of 
 
 Interface note for the I/O layer: every mutator returns :class:`Wakeups` (the requests
 that can start now, and queued requests rejected by the change), including
-:meth:`release` and :meth:`expire` - resolve the corresponding futures from it.
+:meth:`release` and :meth:`expire` - resolve the corresponding futures from it. Rarely,
+an offer that starts at once also lets *other* queued requests start (its tenant reached
+its ``max_concurrency``, so another tenant's request moves to the front of a tier): those
+are delivered by the next :class:`Wakeups` of any mutator, and :meth:`next_deadline`
+returns the offer's time meanwhile, so an I/O layer that calls :meth:`expire` at
+:meth:`next_deadline` delivers them on its next loop turn.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTenant, CompiledTier
 from kvpool.domain.estimate import Estimate
-from kvpool.domain.routing import NoReplica, ReplicaLoad, decide_replica
+from kvpool.domain.routing import NoReplica, ReplicaLoad, ReplicaView, decide_replica
 
 Outcome = Literal["admitted", "borrowed", "queued", "rejected-deadline", "rejected-capacity"]
 OUTCOMES: tuple[Outcome, ...] = (
@@ -263,6 +268,8 @@ class _TierState:
         "engine_priority",
         "floor_s",
         "floor_t",
+        "head",
+        "head_valid",
         "lend_s",
         "lend_t",
         "max_wait",
@@ -291,6 +298,8 @@ class _TierState:
         self.queued_t = self.queued_s = self.queued_count = 0
         self.queues: dict[str, deque[_Waiting]] = {}
         self.tenant_tokens: dict[str, int] = {}
+        self.head: _Waiting | None = None  # cached fairness pick (see _head)
+        self.head_valid = False
 
     def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
         alloc = pool.tiers.get(tier.name)
@@ -313,40 +322,52 @@ class _TierState:
 
 @dataclass
 class _Replica:
+    """Reservations on one replica; also a :class:`ReplicaView` for :func:`decide_replica`."""
+
     name: str
     url: str
     track: str
-    ready: bool
+    up: bool  # ready per config / set_replica_ready
     listed: bool = True  # still in the config (else kept only until its reservations end)
-    tokens: int = 0
-    slots: int = 0
+    reserved_tokens: int = 0
+    reserved_slots: int = 0
     by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
+    preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
+    preemptible_slots: int = 0
 
-    def load(self, below_rank: int | None) -> ReplicaLoad:
+    @property
+    def ready(self) -> bool:
+        return self.up and self.listed
+
+    def load(self, below_rank: int) -> ReplicaLoad:
+        """A view where reservations of ranks below ``below_rank`` count as preemptible."""
         pre_t = pre_s = 0
-        if below_rank is not None:
-            for rank, (t, s) in self.by_rank.items():
-                if rank > below_rank:
-                    pre_t += t
-                    pre_s += s
+        for rank, (t, s) in self.by_rank.items():
+            if rank > below_rank:
+                pre_t += t
+                pre_s += s
         return ReplicaLoad(
             name=self.name,
             track=self.track,
-            ready=self.ready and self.listed,
-            reserved_tokens=self.tokens,
-            reserved_slots=self.slots,
+            ready=self.ready,
+            reserved_tokens=self.reserved_tokens,
+            reserved_slots=self.reserved_slots,
             preemptible_tokens=pre_t,
             preemptible_slots=pre_s,
         )
 
     def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:
-        self.tokens += sign * tokens
-        self.slots += sign * slots
+        self.reserved_tokens += sign * tokens
+        self.reserved_slots += sign * slots
         cell = self.by_rank.setdefault(rank, [0, 0])
         cell[0] += sign * tokens
         cell[1] += sign * slots
         if cell == [0, 0]:
             del self.by_rank[rank]
+
+    @property
+    def empty(self) -> bool:
+        return self.reserved_tokens == 0 and self.reserved_slots == 0
 
 
 @dataclass
@@ -398,7 +419,8 @@ class AdmissionController:
         self._preempt_admissions = 0
         self._estimate_error = 0
         self._settled = 0
-        self._orphans: list[Admit] = []
+        self._pending: list[Admit] = []  # started by an offer, delivered by the next Wakeups
+        self._pending_since: float | None = None
         self._apply_plan(pool, tiers)
 
     # ------------------------------------------------------------------ public API
@@ -418,14 +440,17 @@ class AdmissionController:
         tier = self._tiers[request.tier]
         waiting = _Waiting(request, tier, now, now + tier.max_wait, self._next_seq())
         self._enqueue(waiting)
-        mine: Admit | None = None
-        for admit in self._dispatch(now):
-            if admit.request_id == rid:
-                mine = admit
-            else:  # cannot happen while the dispatcher reaches a fixed point; never lose one
-                self._orphans.append(admit)
-        if mine is not None:
-            return mine
+        started = self._dispatch(now, only=waiting)
+        if started:
+            if any(request.tenant in t.queues for t in self._order):
+                # its tenant's in-flight count grew: if that reached the max_concurrency of
+                # its queued requests, another tenant's request may have moved up
+                more = self._dispatch(now)
+                if more:
+                    self._pending.extend(more)
+                    if self._pending_since is None:
+                        self._pending_since = now
+            return started[0]
         ahead_t, ahead_s = self._ahead(tier, request)
         wait = self._expected_wait(request, ahead_t, ahead_s)
         if wait is not None and wait > tier.max_wait:
@@ -476,9 +501,10 @@ class AdmissionController:
             self._tenant_inflight[req.tenant] = inflight
         else:
             self._tenant_inflight.pop(req.tenant, None)
+        self._touch(tier, req.tenant)
         if res.replica is not None:
             res.replica.add(res.rank, req.tokens, req.slots, -1)
-            if not res.replica.listed and res.replica.tokens == 0 and res.replica.slots == 0:
+            if not res.replica.listed and res.replica.empty:
                 self._replicas.pop(res.replica.name, None)
         if tier.removed and tier.used_s == 0 and tier.used_t == 0 and tier.queued_count == 0:
             self._drop_tier(tier)
@@ -532,14 +558,19 @@ class AdmissionController:
         return self._wakeups(self._dispatch(now), rejected)
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a queued request (when to call :meth:`expire`)."""
+        """When to call :meth:`expire`: the earliest deadline of a queued request, or a past
+        time (the offer's ``now``) when an offer started other requests too (rare, see the
+        module docstring) so that the next :class:`Wakeups` delivers them."""
         while self._deadlines:
-            deadline, _, rid = self._deadlines[0]
+            _, _, rid = self._deadlines[0]
             waiting = self._waiting.get(rid)
             if waiting is not None and waiting.alive:
-                return deadline
+                break
             heapq.heappop(self._deadlines)
-        return None
+        earliest = self._deadlines[0][0] if self._deadlines else None
+        if self._pending_since is not None:
+            return self._pending_since if earliest is None else min(earliest, self._pending_since)
+        return earliest
 
     def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier], now: float) -> Wakeups:
         """Adopt a new plan. In-flight reservations are kept (never revoked); if capacity
@@ -577,9 +608,9 @@ class AdmissionController:
     def set_replica_ready(self, name: str, ready: bool, now: float) -> Wakeups:
         """Mark a replica (un)routable between config reloads (e.g. after engine errors)."""
         replica = self._replicas.get(name)
-        if replica is None or replica.ready == ready:
+        if replica is None or replica.up == ready:
             return self._wakeups([], [])
-        replica.ready = ready
+        replica.up = ready
         return self._wakeups(self._dispatch(now) if ready else [], [])
 
     def snapshot(self) -> AdmissionSnapshot:
@@ -610,9 +641,9 @@ class AdmissionController:
             ReplicaUsage(
                 name=r.name,
                 track=r.track,
-                ready=r.ready and r.listed,
-                reserved_tokens=r.tokens,
-                reserved_slots=r.slots,
+                ready=r.ready,
+                reserved_tokens=r.reserved_tokens,
+                reserved_slots=r.reserved_slots,
                 capacity_tokens=self._pool.tokens_per_replica,
                 capacity_slots=self._pool.slots_per_replica,
             )
@@ -661,6 +692,8 @@ class AdmissionController:
         for offset, state in enumerate(t for t in self._tiers.values() if t.removed):
             state.rank = base + offset
         self._order = sorted(self._tiers.values(), key=lambda s: s.rank)
+        for state in self._order:
+            state.head_valid = False
         listed: set[str] = set()
         for track in pool.tracks:
             for endpoint in track.endpoints:
@@ -672,11 +705,11 @@ class AdmissionController:
                     )
                 else:
                     replica.url, replica.track = endpoint.url, track.name
-                    replica.ready, replica.listed = endpoint.ready, True
+                    replica.up, replica.listed = endpoint.ready, True
         for name, replica in list(self._replicas.items()):
             if name not in listed:
                 replica.listed = False
-                if replica.tokens == 0 and replica.slots == 0:
+                if replica.empty:
                     del self._replicas[name]
         return removed
 
@@ -720,7 +753,7 @@ class AdmissionController:
                 PAYLOAD_TOO_LARGE,
             )
         if self._replicas and not any(
-            r.ready and r.listed and (request.track is None or r.track == request.track)
+            r.ready and (request.track is None or r.track == request.track)
             for r in self._replicas.values()
         ):
             return reject(
@@ -770,6 +803,7 @@ class AdmissionController:
         tier.queued_s += req.slots
         tier.queued_count += 1
         heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
+        tier.head_valid = False
 
     def _unqueue(self, waiting: _Waiting) -> None:
         """Remove a waiting request (lazy in its deque and in the deadline heap)."""
@@ -787,26 +821,42 @@ class AdmissionController:
                 queue.popleft()
             if not queue:
                 del tier.queues[req.tenant]
+        tier.head_valid = False
 
     def _head(self, tier: _TierState) -> _Waiting | None:
-        """The tier's next request: the waiting tenant with the lowest in-use/weight."""
+        """The tier's next request: the waiting tenant with the lowest in-use/weight.
+
+        Invariant kept by :meth:`_unqueue`: the front of every tenant deque is alive. The
+        pick is cached per tier until something it depends on changes (:meth:`_touch`).
+        """
+        if tier.head_valid:
+            return tier.head
         best: _Waiting | None = None
-        best_key: tuple[float, int] | None = None
-        for tenant, queue in list(tier.queues.items()):
-            while queue and not queue[0].alive:
-                queue.popleft()
-            if not queue:
-                del tier.queues[tenant]
-                continue
+        best_usage = 0.0
+        inflight = self._tenant_inflight
+        usage_of = tier.tenant_tokens
+        for tenant, queue in tier.queues.items():
             head = queue[0]
             req = head.request
             limit = req.max_concurrency
-            if limit is not None and self._tenant_inflight.get(tenant, 0) >= limit:
+            if limit is not None and inflight.get(tenant, 0) >= limit:
                 continue
-            key = (tier.tenant_tokens.get(tenant, 0) / max(1, req.weight), head.seq)
-            if best_key is None or key < best_key:
-                best, best_key = head, key
+            usage = usage_of.get(tenant, 0) / (req.weight if req.weight > 0 else 1)
+            if best is None or usage < best_usage or (usage == best_usage and head.seq < best.seq):
+                best, best_usage = head, usage
+        tier.head, tier.head_valid = best, True
         return best
+
+    def _touch(self, tier: _TierState, tenant: str) -> None:
+        """Invalidate cached picks after ``tenant``'s use in ``tier`` or its queue changed.
+
+        The tier's pick depends on its queues and tenant usage; other tiers' picks depend
+        on this tenant only through its in-flight count (``max_concurrency``).
+        """
+        tier.head_valid = False
+        for other in self._order:
+            if tenant in other.queues:
+                other.head_valid = False
 
     def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
         """Tokens and slots queued ahead of a new request (its tier and higher tiers)."""
@@ -903,34 +953,69 @@ class AdmissionController:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _dispatch(self, now: float) -> list[Admit]:
-        """Start every waiting request that can start, by priority, floors and fairness."""
+    def _dispatch(self, now: float, only: _Waiting | None = None) -> list[Admit]:
+        """Start every waiting request that can start, by priority, floors and fairness.
+
+        Passes repeat until one starts nothing: a start can change another tier's pick
+        (its tenant reaching ``max_concurrency`` lets another tenant's request move up).
+        """
+        admitted: list[Admit] = []
+        while self._waiting:
+            started = self._dispatch_pass(now, only)
+            admitted.extend(started)
+            if not started or only is not None:
+                break
+        return admitted
+
+    def _dispatch_pass(self, now: float, only: _Waiting | None) -> list[Admit]:
+        """One pass over the tiers in priority order.
+
+        With ``only`` (a request just enqueued by :meth:`offer`), the queue was at a fixed
+        point before it arrived, so only ``only`` can start: higher tiers' eligible heads
+        are known to be blocked (they close borrowing) and the walk stops at its tier.
+        """
         admitted: list[Admit] = []
         if not self._waiting:
             return admitted
-        heads: dict[str, _Waiting | None] = {t.name: self._head(t) for t in self._order}
-        wants: dict[str, tuple[int, int]] = {}
-        for t in self._order:
-            head = heads[t.name]
-            if head is not None and self._within_floor(t, head.request):
-                wants[t.name] = (head.request.tokens, head.request.slots)
+        heads: dict[str, _Waiting | None] = {}
+        wants: dict[str, tuple[int, int]] | None = None  # built on the first borrowing check
         borrowing_closed = False
         for tier in self._order:
-            head = heads[tier.name]
+            if only is not None and tier.rank > only.tier.rank:
+                break
+            head = heads[tier.name] = self._head(tier) if tier.queues else None
             while head is not None:
+                if only is not None and head is not only:
+                    borrowing_closed = True  # a blocked head (fixed point) waits before it
+                    break
                 within = self._within_floor(tier, head.request)
                 if not within and borrowing_closed:
                     break
+                if not within and wants is None:
+                    wants = self._wants(heads)
                 admit = self._try_start(tier, head, within, wants, now)
                 if admit is None:
                     borrowing_closed = True
                     break
                 admitted.append(admit)
-                head = self._head(tier)
-                wants.pop(tier.name, None)
-                if head is not None and self._within_floor(tier, head.request):
-                    wants[tier.name] = (head.request.tokens, head.request.slots)
+                head = heads[tier.name] = self._head(tier) if tier.queues else None
+                if wants is not None:
+                    wants.pop(tier.name, None)
+                    if head is not None and self._within_floor(tier, head.request):
+                        wants[tier.name] = (head.request.tokens, head.request.slots)
         return admitted
+
+    def _wants(self, heads: dict[str, _Waiting | None]) -> dict[str, tuple[int, int]]:
+        """Per tier, what its next request needs within its own floor (held from borrowers)."""
+        wants: dict[str, tuple[int, int]] = {}
+        for tier in self._order:
+            if tier.name in heads:
+                head = heads[tier.name]
+            else:
+                head = heads[tier.name] = self._head(tier) if tier.queues else None
+            if head is not None and self._within_floor(tier, head.request):
+                wants[tier.name] = (head.request.tokens, head.request.slots)
+        return wants
 
     @staticmethod
     def _within_floor(tier: _TierState, request: AdmissionRequest) -> bool:
@@ -944,7 +1029,7 @@ class AdmissionController:
         tier: _TierState,
         waiting: _Waiting,
         within: bool,
-        wants: dict[str, tuple[int, int]],
+        wants: dict[str, tuple[int, int]] | None,
         now: float,
     ) -> Admit | None:
         req = waiting.request
@@ -961,8 +1046,13 @@ class AdmissionController:
             preempts = True
         replica: _Replica | None = None
         if self._replicas:
+            views: Sequence[ReplicaView] = (
+                [r.load(tier.rank) for r in self._replicas.values()]
+                if preempts
+                else list(self._replicas.values())
+            )
             choice = decide_replica(
-                [r.load(tier.rank if preempts else None) for r in self._replicas.values()],
+                views,
                 tokens=req.tokens,
                 slots=req.slots,
                 tokens_per_replica=self._pool.tokens_per_replica,
@@ -1035,14 +1125,15 @@ class AdmissionController:
         self._used_s += req.slots
         tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
         self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
+        self._touch(tier, req.tenant)
         if replica is not None:
             replica.add(tier.rank, req.tokens, req.slots, +1)
         self._reservations[req.request_id] = _Reservation(req, tier, now, replica, tier.rank)
 
     def _wakeups(self, admitted: list[Admit], rejected: list[Reject]) -> Wakeups:
-        if self._orphans:
-            admitted = self._orphans + admitted
-            self._orphans = []
+        if self._pending:
+            admitted = self._pending + admitted
+            self._pending, self._pending_since = [], None
         return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvpool.api.admission_config import CompiledPool, Track
 
@@ -72,6 +73,25 @@ class ReplicaLoad:
     reserved_slots: int  # sequences reserved on it
     preemptible_tokens: int = 0  # of reserved_tokens, held by lower-priority work
     preemptible_slots: int = 0  # of reserved_slots, held by lower-priority work
+
+
+class ReplicaView(Protocol):
+    """What :func:`decide_replica` reads of a replica (:class:`ReplicaLoad` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def track(self) -> str: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def reserved_tokens(self) -> int: ...
+    @property
+    def reserved_slots(self) -> int: ...
+    @property
+    def preemptible_tokens(self) -> int: ...
+    @property
+    def preemptible_slots(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -124,7 +144,7 @@ def decide_track(pool: CompiledPool, tier: str, draw: float) -> TrackVerdict:
 
 
 def decide_replica(
-    replicas: Sequence[ReplicaLoad],
+    replicas: Sequence[ReplicaView],
     *,
     tokens: int,
     slots: int,
@@ -139,7 +159,7 @@ def decide_replica(
     and slots; with ``allow_preempt`` the preemptible part is not counted as reserved,
     and replicas that fit without preemption are preferred.
     """
-    best: ReplicaLoad | None = None
+    best: ReplicaView | None = None
     best_key: tuple[int, int, int, str] | None = None
     best_preempts = False
     for replica in replicas:
