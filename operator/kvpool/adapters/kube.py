@@ -220,11 +220,16 @@ class KubeClient:
         return await self.request("GET", resource.path(namespace, name))
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        labels: Mapping[str, str] | None = None,
+        selector: str | None = None,
     ) -> list[JsonObject]:
-        params = (
-            {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
-        )
+        """Objects of a namespace (None: all), by labels (equality) or a raw selector."""
+        if labels:
+            selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        params = {"labelSelector": selector} if selector else None
         result = await self.request("GET", resource.path(namespace), params=params)
         return list((result or {}).get("items", []))
 

@@ -1,4 +1,5 @@
-"""The kopf handlers of the operator: they only decide *what* to reconcile and when.
+"""The kopf handlers of the operator: they keep the cache current and decide *what* to
+reconcile and when.
 
 Why it exists: kopf tells us that something changed; the work itself (observe, plan,
 apply, status) is in :mod:`kvpool.controller.reconcile`. Every trigger funnels into two
@@ -15,9 +16,10 @@ Re-plan triggers:
 - engine Pods (label ``kvpool.dev/pool``): IP or readiness -> the config's endpoints;
 - a timer per pool (``--measure-interval``, default 15 s): a new measurement.
 
-kopf indices keep the policies, budgets, secret-key digests (never the keys), pools and
-pods in memory; kopf fills them before any handler runs, so the first reconcile after a
-restart already sees every TierPolicy. Peering (one active replica) and liveness are kopf's.
+The cache (:mod:`kvpool.controller.cache`) is filled by one list per kind in the start-up
+handler, before kopf starts watching, and updated by every event below. Peering (one
+active replica) and liveness are kopf's; while a replica is paused by peering, kopf
+delivers it no events and runs no timers, so it does nothing.
 """
 
 from __future__ import annotations
@@ -29,44 +31,14 @@ from typing import Any
 
 import kopf
 
-from kvpool.adapters import kube
-from kvpool.controller.reconcile import Indices, Operator, cleanup_pool
-from kvpool.domain.compile import PodView, hash_api_key
-from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, LABEL_TRACK, MANAGED_BY
+from kvpool.controller.cache import fill_cache, pod_view, secret_digests
+from kvpool.controller.reconcile import Operator, cleanup_pool
+from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
 
 log = logging.getLogger(__name__)
 
 GROUP, VERSION = "kvpool.dev", "v1alpha1"
 FINALIZER = "kvpool.dev/operator"
-
-
-def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A detached plain-dict copy of a kopf body."""
-    return json.loads(json.dumps(body, default=dict))  # type: ignore[no-any-return]
-
-
-def _secret_digests(body: Mapping[str, Any]) -> dict[str, str]:
-    import base64
-
-    digests = {k: hash_api_key(base64.b64decode(v)) for k, v in (body.get("data") or {}).items()}
-    for k, v in (body.get("stringData") or {}).items():
-        digests[k] = hash_api_key(str(v).encode())
-    return digests
-
-
-def _pod_view(body: Mapping[str, Any]) -> PodView:
-    status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return PodView(
-        name=body["metadata"]["name"],
-        ip=status.get("podIP"),
-        ready=ready and not body["metadata"].get("deletionTimestamp"),
-        track=labels.get(LABEL_TRACK, "stable"),
-    )
 
 
 class Fingerprints:
@@ -87,6 +59,7 @@ class Fingerprints:
 
 
 def _essence(meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes a change worth acting on: spec (generation), labels, our annotations."""
     annotations = {
         k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("kopf.")
     }
@@ -96,6 +69,12 @@ def _essence(meta: Mapping[str, Any]) -> tuple[Any, ...]:
         json.dumps(annotations, sort_keys=True),
         bool(meta.get("deletionTimestamp")),
     )
+
+
+def _event(kw: Mapping[str, Any]) -> tuple[str, str, Any]:
+    """(namespace, name, body or None when deleted) of an on.event call."""
+    body = None if kw["event"].get("type") == "DELETED" else kw["body"]
+    return kw["namespace"] or "default", kw["name"], body
 
 
 def build_registry(op: Operator) -> kopf.OperatorRegistry:
@@ -118,7 +97,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         )
 
     @kopf.on.startup(id="startup", registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
             prefix="kopf.kvpool.dev"
@@ -129,13 +108,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         settings.posting.enabled = False  # the operator posts its own, meaningful Events
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        op.indices = Indices(
-            policies=kwargs["policy_index"],
-            budgets=kwargs["budget_index"],
-            secrets=kwargs["secret_index"],
-            pools=kwargs["pool_index"],
-            pods=kwargs["pod_index"],
-        )
+        await fill_cache(op.cache, op.kube, cfg.namespaces)
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -145,59 +118,19 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
     def probe(**_: Any) -> dict[str, Any]:
         return {"prometheus": cfg.prometheus_url, "lastSnapshot": op.snapshots.last_success}
 
-    # --- indices -----------------------------------------------------------------------------
-
-    @kopf.index(GROUP, VERSION, "tierpolicies", id="policy_index", registry=registry)
-    def policy_index(**kw: Any) -> Any:
-        namespace = kw["namespace"]
-        name = kw["name"]
-        body = kw["body"]
-        return {(namespace, name): _plain(body)}
-
-    @kopf.index(GROUP, VERSION, "tenantbudgets", id="budget_index", registry=registry)
-    def budget_index(**kw: Any) -> Any:
-        namespace = kw["namespace"]
-        body = kw["body"]
-        return {namespace: _plain(body)}
-
-    @kopf.index("v1", "secrets", id="secret_index", registry=registry)
-    def secret_index(**kw: Any) -> Any:
-        namespace = kw["namespace"]
-        name = kw["name"]
-        body = kw["body"]
-        return {(namespace, name): _secret_digests(body)}
-
-    @kopf.index(GROUP, VERSION, "modelpools", id="pool_index", registry=registry)
-    def pool_index(**kw: Any) -> Any:
-        namespace = kw["namespace"]
-        body = kw["body"]
-        return {namespace: _plain(body)}
-
-    @kopf.index("v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, id="pod_index", registry=registry)
-    def pod_index(**kw: Any) -> Any:
-        namespace = kw["namespace"]
-        body = kw["body"]
-        labels = kw["labels"]
-        return {(namespace, labels[LABEL_POOL]): _pod_view(body)}
-
-    # --- triggers ----------------------------------------------------------------------------
-
     @kopf.on.event(GROUP, VERSION, "modelpools", id="pool_event", registry=registry)
     async def pool_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        meta = kw["meta"]
-        if event.get("type") == "DELETED":
-            seen.forget("pool", namespace, name)
-            await cleanup_pool(op, namespace, name)
-            await op.publisher.request(namespace)
-            return
-        if seen.changed("pool", namespace, name, _essence(meta)):
+        ns, name, body = _event(kw)
+        op.cache.put_pool((ns, name), body)
+        if body is None:
+            seen.forget("pool", ns, name)
+            await cleanup_pool(op, ns, name)
+            await op.publisher.request(ns)
+        elif seen.changed("pool", ns, name, _essence(kw["meta"])):
             try:
-                await op.pools.request((namespace, name))
+                await op.pools.request((ns, name))
             except Exception:
-                seen.forget("pool", namespace, name)  # let the next event retry
+                seen.forget("pool", ns, name)  # let the next event retry
                 raise
 
     @kopf.timer(
@@ -209,59 +142,42 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def pool_timer(**kw: Any) -> None:
-        namespace = kw["namespace"]
-        name = kw["name"]
-        await op.pools.request((namespace, name))
+        await op.pools.request((kw["namespace"], kw["name"]))
 
     @kopf.on.event(GROUP, VERSION, "tierpolicies", id="policy_event", registry=registry)
     async def policy_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        meta = kw["meta"]
-        deleted = event.get("type") == "DELETED"
-        if not seen.changed("policy", namespace, name, (*_essence(meta), deleted)):
+        ns, name, body = _event(kw)
+        op.cache.put_policy((ns, name), body)
+        if not seen.changed("policy", ns, name, (*_essence(kw["meta"]), body is None)):
             return
-        for body in list(op.indices.pools.get(namespace, ())):
-            if ((body.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name:
-                await op.pools.request((namespace, body["metadata"]["name"]))
-        await op.publisher.request(namespace)
+        for pool in list(op.cache.pools.get(ns, {}).values()):
+            if ((pool.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name:
+                await op.pools.request((ns, pool["metadata"]["name"]))
+        await op.publisher.request(ns)
 
     @kopf.on.event(GROUP, VERSION, "tenantbudgets", id="budget_event", registry=registry)
     async def budget_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        meta = kw["meta"]
-        deleted = event.get("type") == "DELETED"
-        if seen.changed("budget", namespace, name, (*_essence(meta), deleted)):
-            await op.publisher.request(namespace)
+        ns, name, body = _event(kw)
+        op.cache.put_budget((ns, name), body)
+        if seen.changed("budget", ns, name, (*_essence(kw["meta"]), body is None)):
+            await op.publisher.request(ns)
 
     @kopf.on.event("v1", "secrets", id="secret_event", registry=registry)
     async def secret_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        body = kw["body"]
-        referenced = any(
-            ((b.get("spec") or {}).get("apiKeySecretRef") or {}).get("name") == name
-            for b in op.indices.budgets.get(namespace, ())
-        )
-        digests = (event.get("type"), json.dumps(_secret_digests(body), sort_keys=True))
-        if referenced and seen.changed("secret", namespace, name, digests):
-            await op.publisher.request(namespace)
+        ns, name, body = _event(kw)
+        op.cache.put_secret((ns, name), body)
+        digests = json.dumps(secret_digests(body), sort_keys=True) if body is not None else None
+        if seen.changed("secret", ns, name, digests) and op.cache.referenced_secret(ns, name):
+            await op.publisher.request(ns)
 
     @kopf.on.event(
         "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, id="pod_event", registry=registry
     )
     async def pod_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        body = kw["body"]
-        view = (event.get("type"), _pod_view(body))
-        if seen.changed("pod", namespace, name, view):
-            await op.publisher.request(namespace)
+        ns, name, body = _event(kw)
+        op.cache.put_pod((ns, name), body)
+        if seen.changed("pod", ns, name, pod_view(body) if body is not None else None):
+            await op.publisher.request(ns)
 
     @kopf.on.event(
         "apps",
@@ -272,16 +188,13 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def deployment_event(**kw: Any) -> None:
-        event = kw["event"]
-        namespace = kw["namespace"]
-        name = kw["name"]
-        body = kw["body"]
-        labels = kw["labels"]
+        ns, name, body = _event(kw)
+        if body is None:
+            return
         status = body.get("status") or {}
-        counts = (event.get("type"), status.get("readyReplicas"), status.get("replicas"))
-        if event.get("type") != "DELETED" and seen.changed("deployment", namespace, name, counts):
-            pool = labels[LABEL_POOL]
-            if await op.kube.get(kube.MODELPOOLS, namespace, pool) is not None:
-                await op.pools.request((namespace, pool))
+        counts = (status.get("readyReplicas"), status.get("replicas"))
+        pool = kw["labels"][LABEL_POOL]
+        if seen.changed("deployment", ns, name, counts) and op.cache.pools.get(ns, {}).get(pool):
+            await op.pools.request((ns, pool))
 
     return registry

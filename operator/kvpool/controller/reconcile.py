@@ -33,6 +33,7 @@ from kvpool.adapters.prometheus import MetricsSnapshot, PrometheusUnavailable, S
 from kvpool.api.modelpool import LoadStatus, ModelPool, ModelPoolStatus
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller.cache import Cache
 from kvpool.controller.config import OperatorConfig
 from kvpool.controller.metrics import OperatorMetrics
 from kvpool.domain import conditions as c
@@ -100,31 +101,14 @@ class Coalescer:
 
 
 @dataclass
-class Indices:
-    """Views of kopf's in-memory indices (filled before any handler runs)."""
-
-    policies: Mapping[Any, Any] = field(default_factory=dict)  # (ns, name) -> [body]
-    budgets: Mapping[Any, Any] = field(default_factory=dict)  # ns -> [body]
-    secrets: Mapping[Any, Any] = field(default_factory=dict)  # (ns, name) -> [{key: sha}]
-    pools: Mapping[Any, Any] = field(default_factory=dict)  # ns -> [body]
-    pods: Mapping[Any, Any] = field(default_factory=dict)  # (ns, pool) -> [PodView]
-
-
-def first(index: Mapping[Any, Any], key: Any) -> Any:
-    """The one value stored under ``key`` in a kopf index, or None."""
-    store = index.get(key)
-    return next(iter(store), None) if store is not None else None
-
-
-@dataclass
 class Operator:
-    """Everything the handlers share: clients, caches, indices, metrics, last statuses."""
+    """Everything the handlers share: clients, cache, metrics, last statuses."""
 
     config: OperatorConfig
     kube: kube.KubeClient
     snapshots: SnapshotCache
     metrics: OperatorMetrics
-    indices: Indices = field(default_factory=Indices)
+    cache: Cache = field(default_factory=Cache)
     statuses: dict[tuple[str, str], ModelPoolStatus] = field(default_factory=dict)
     pools: Coalescer = field(init=False)
     publisher: Coalescer = field(init=False)
@@ -138,14 +122,14 @@ class Operator:
 
 
 async def observe_policy(op: Operator, namespace: str, name: str) -> TierPolicy | None:
-    """The pool's TierPolicy from the index, confirmed by a read when the index has none."""
-    body = first(op.indices.policies, (namespace, name))
+    """The pool's TierPolicy from the cache, confirmed by a read when the cache has none."""
+    body: Mapping[str, Any] | None = op.cache.policy(namespace, name)
     if body is None:
         body = await op.kube.get(kube.TIERPOLICIES, namespace, name)
     if body is None:
         return None
     try:
-        return TierPolicy.model_validate(_resource(body))
+        return op.cache.parsed(TierPolicy, body)
     except pydantic.ValidationError:
         log.warning("TierPolicy %s/%s does not parse; treating it as missing", namespace, name)
         return None
@@ -350,19 +334,19 @@ async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:
 
 def _pool_inputs(op: Operator, namespace: str) -> list[PoolInput]:
     inputs = []
-    for body in op.indices.pools.get(namespace, ()):
+    for body in list(op.cache.pools.get(namespace, {}).values()):
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             continue
         try:
-            pool = ModelPool.model_validate(_resource(body) | {"status": None})
+            pool = op.cache.parsed(ModelPool, body)
         except pydantic.ValidationError:
             continue
         status = op.statuses.get((namespace, pool.metadata.name)) or _prior_status(
             op, (namespace, pool.metadata.name), body
         )
         static = pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS)
-        pods: list[PodView] = list(op.indices.pods.get((namespace, pool.metadata.name), ()))
+        pods: list[PodView] = list(op.cache.pods.get((namespace, pool.metadata.name), {}).values())
         endpoints = (
             parse_static_endpoints(static)
             if static
@@ -381,25 +365,24 @@ def _pool_inputs(op: Operator, namespace: str) -> list[PoolInput]:
 
 def _tenant_inputs(op: Operator, namespace: str) -> list[TenantInput]:
     inputs = []
-    for body in op.indices.budgets.get(namespace, ()):
+    for body in list(op.cache.budgets.get(namespace, {}).values()):
         try:
-            budget = TenantBudget.model_validate(_resource(body) | {"status": None})
+            budget = op.cache.parsed(TenantBudget, body)
         except pydantic.ValidationError:
             continue
         ref = budget.spec.api_key_secret_ref
-        hashes = first(op.indices.secrets, (namespace, ref.name)) or {}
+        hashes = op.cache.secrets.get((namespace, ref.name), {})
         inputs.append(TenantInput(budget=budget, key_sha256=hashes.get(ref.key)))
     return inputs
 
 
 def _policies(op: Operator, namespace: str) -> list[TierPolicy]:
     policies = []
-    for (ns, _), store in op.indices.policies.items():
-        for body in store if ns == namespace else ():
-            try:
-                policies.append(TierPolicy.model_validate(_resource(body) | {"status": None}))
-            except pydantic.ValidationError:
-                continue
+    for body in list(op.cache.policies.get(namespace, {}).values()):
+        try:
+            policies.append(op.cache.parsed(TierPolicy, body))
+        except pydantic.ValidationError:
+            continue
     return policies
 
 
