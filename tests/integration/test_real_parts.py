@@ -23,7 +23,12 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support.engine import EngineFactory, EngineStartError, VllmEngine
+from tests.support.engine import (
+    EngineFactory,
+    EngineStartError,
+    VllmEngine,
+    parse_cache_config_info,
+)
 from tests.support.prometheus import PrometheusFactory
 from tests.support.redis_server import RedisFactory, ping
 from tests.support.tiny_model import DEFAULT_SPEC, KV_BYTES_PER_TOKEN, generation_seconds
@@ -60,6 +65,37 @@ def test_tiny_model_kv_cost_and_generation_time(tiny_model: Path) -> None:
     seconds = generation_seconds(tiny_model)
     assert seconds is not None
     print(f"figures: tiny model generated in {seconds:.1f} s (cached at {tiny_model})")
+
+
+def _exposition(**labels: str) -> str:
+    rendered = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f"vllm:cache_config_info{{{rendered}}} 1.0\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("labels", "capacity"),
+    [
+        ({"block_size": "128", "num_gpu_blocks": "16", "kv_cache_size_tokens": "2048"}, 2048),
+        ({"block_size": "32", "num_gpu_blocks": "30"}, 960),
+        ({"block_size": "16", "num_gpu_blocks": "10", "kv_cache_size_tokens": "None"}, 160),
+        # A hybrid model: the published token figure wins over blocks * block size.
+        ({"block_size": "16", "num_gpu_blocks": "100", "kv_cache_size_tokens": "800"}, 800),
+    ],
+    ids=["size-label", "no-size-label-falls-back", "size-label-none-falls-back", "hybrid"],
+)
+def test_parse_cache_config_info(labels: dict[str, str], capacity: int) -> None:
+    info = parse_cache_config_info(_exposition(engine="0", **labels))
+    assert info.capacity_tokens == capacity
+    assert info.labels["engine"] == "0"
+
+
+def test_parse_cache_config_info_without_the_metric() -> None:
+    with pytest.raises(LookupError):
+        parse_cache_config_info("# TYPE vllm:num_requests_running gauge\n")
 
 
 @pytest.mark.engine
