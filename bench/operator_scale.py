@@ -152,6 +152,12 @@ def bench_pure(objs: dict[str, list[dict[str, Any]]], repeat: int) -> dict[str, 
     }
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dict[str, Any]:
     from tests.operator_process import OperatorProcess, wait_until
     from tests.support.kube import resource_path, start_kube_api
@@ -207,6 +213,7 @@ def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dic
             )
             converge_seconds = time.perf_counter() - started
             rss = op.process.rss_bytes()
+            cpu = _cpu_seconds(op.process.pid)
             metrics = op.metrics()
         finally:
             op.stop()
@@ -221,6 +228,7 @@ def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dic
         "all_pools_planned_seconds": round(plan_seconds, 2),
         "all_configs_published_seconds": round(converge_seconds, 2),
         "operator_rss_mib": round(rss / 2**20, 1),
+        "operator_cpu_seconds": round(cpu, 2),
         "reconciles": int(reconciles),
     }
 
@@ -280,6 +288,10 @@ def main() -> int:
             f"({e2e['reconciles']} reconciles)"
         )
         print(f"  all configs written {e2e['all_configs_published_seconds']:8.1f} s")
+        print(
+            f"  operator CPU        {e2e['operator_cpu_seconds']:8.1f} s  "
+            "(the rest of the time is the emulator's)"
+        )
         print(f"  operator RSS        {e2e['operator_rss_mib']:8.1f} MiB")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,12 @@ def test_a_pool_gets_its_engine_workload_status_and_compiled_config(
     # And a human sees the decision as an Event
     assert "ScaledWarmReplicas" in wait_until(lambda: events(kube_api))
 
+    # And the policy says who uses it, the tenant that its key resolved
+    policy = wait_until(lambda: kube_api.client.get(tp("tiers")).get("status"))
+    assert policy["pools"] == 1 and condition(policy, "Ready") == ("True", "PolicyReady")
+    tenant = wait_until(lambda: kube_api.client.get(tb("acme")).get("status"))
+    assert condition(tenant, "KeyResolved") == ("True", "SecretKeyFound")
+
 
 def test_readiness_and_spec_changes_replan(kube_api: KubeApi, operator: OperatorProcess) -> None:
     given_policy_tenant_and_pool(kube_api)

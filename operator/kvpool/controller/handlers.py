@@ -188,13 +188,14 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def deployment_event(**kw: Any) -> None:
-        ns, name, body = _event(kw)
+        ns, _, body = _event(kw)
         if body is None:
             return
-        status = body.get("status") or {}
-        counts = (status.get("readyReplicas"), status.get("replicas"))
+        ready = int((body.get("status") or {}).get("readyReplicas") or 0)
         pool = kw["labels"][LABEL_POOL]
-        if seen.changed("deployment", ns, name, counts) and op.cache.pools.get(ns, {}).get(pool):
-            await op.pools.request((ns, pool))
+        known = op.statuses.get((ns, pool))
+        recorded = known.replicas.ready if known is not None and known.replicas else None
+        if recorded is not None and recorded != ready and op.cache.pools.get(ns, {}).get(pool):
+            await op.pools.request((ns, pool))  # readiness changed since the last status
 
     return registry

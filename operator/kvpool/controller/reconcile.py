@@ -31,8 +31,8 @@ import pydantic
 from kvpool.adapters import kube
 from kvpool.adapters.prometheus import MetricsSnapshot, PrometheusUnavailable, SnapshotCache
 from kvpool.api.modelpool import LoadStatus, ModelPool, ModelPoolStatus
-from kvpool.api.tenantbudget import TenantBudget
-from kvpool.api.tierpolicy import TierPolicy
+from kvpool.api.tenantbudget import TenantBudget, TenantBudgetStatus
+from kvpool.api.tierpolicy import TierPolicy, TierPolicyStatus
 from kvpool.controller.cache import Cache
 from kvpool.controller.config import OperatorConfig
 from kvpool.controller.metrics import OperatorMetrics
@@ -60,7 +60,9 @@ from kvpool.domain.measurement import (
 from kvpool.domain.planner import PlanError, PoolPlan, plan_pool
 from kvpool.domain.pool_status import (
     PoolObservation,
+    build_budget_status,
     build_missing_policy_status,
+    build_policy_status,
     build_pool_status,
     plan_events,
 )
@@ -110,6 +112,7 @@ class Operator:
     metrics: OperatorMetrics
     cache: Cache = field(default_factory=Cache)
     statuses: dict[tuple[str, str], ModelPoolStatus] = field(default_factory=dict)
+    written: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     pools: Coalescer = field(init=False)
     publisher: Coalescer = field(init=False)
 
@@ -405,3 +408,50 @@ async def publish_namespace(op: Operator, namespace: str) -> None:
         op.metrics.errors.labels("publish").inc()
         raise
     op.metrics.publishes.labels(action).inc()
+    await _apply_policy_statuses(op, namespace)
+    await _apply_budget_statuses(op, namespace)
+
+
+async def _apply_aux_status(
+    op: Operator, resource: kube.Resource, body: Body, status: dict[str, Any]
+) -> None:
+    """Patch a TierPolicy/TenantBudget status unless it already says this."""
+    meta = body["metadata"]
+    key = (resource.plural, meta.get("namespace") or "default", meta["name"])
+    if op.written.get(key) == status or body.get("status") == status:
+        return
+    await kube.apply_status(op.kube, resource, key[1], key[2], status)
+    op.written[key] = status
+
+
+async def _apply_policy_statuses(op: Operator, namespace: str) -> None:
+    pools = list(op.cache.pools.get(namespace, {}).values())
+    for body in list(op.cache.policies.get(namespace, {}).values()):
+        name = body["metadata"]["name"]
+        using = sum(
+            1
+            for p in pools
+            if ((p.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name
+        )
+        prior = _parse_or_none(TierPolicyStatus, body.get("status"))
+        status = build_policy_status(prior, body["metadata"].get("generation"), using, utc_now())
+        await _apply_aux_status(op, kube.TIERPOLICIES, body, status.to_wire())
+
+
+async def _apply_budget_statuses(op: Operator, namespace: str) -> None:
+    for body in list(op.cache.budgets.get(namespace, {}).values()):
+        ref = ((body.get("spec") or {}).get("apiKeySecretRef")) or {}
+        secret, key = str(ref.get("name", "")), str(ref.get("key", ""))
+        resolved = key in op.cache.secrets.get((namespace, secret), {})
+        prior = _parse_or_none(TenantBudgetStatus, body.get("status"))
+        status = build_budget_status(
+            prior, body["metadata"].get("generation"), secret, key, resolved, utc_now()
+        )
+        await _apply_aux_status(op, kube.TENANTBUDGETS, body, status.to_wire())
+
+
+def _parse_or_none(model: Any, raw: Any) -> Any:
+    try:
+        return model.model_validate(raw) if raw else None
+    except pydantic.ValidationError:
+        return None

@@ -1,4 +1,4 @@
-"""The ModelPool status and the Events a reconcile produces, decided without I/O.
+"""The status of kvpool objects and the Events a reconcile produces, decided without I/O.
 
 Why it exists: the reconcile function gathers observations (the pool, its policy, the
 metrics, the Deployment) and hands them here; this module decides what ``status`` says
@@ -23,6 +23,8 @@ from typing import Literal
 
 from kvpool.api.common import Condition, ConditionStatus
 from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, ReplicaStatus
+from kvpool.api.tenantbudget import TenantBudgetStatus
+from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.domain import conditions as c
 from kvpool.domain.measurement import (
     METRICS_OFF,
@@ -245,3 +247,59 @@ def plan_events(
 def _is_true(conditions: list[Condition], type_: str) -> bool:
     cond = c.find_condition(conditions, type_)
     return cond is not None and cond.status == "True"
+
+
+def build_policy_status(
+    prior: TierPolicyStatus | None, generation: int | None, pools: int, now: str
+) -> TierPolicyStatus:
+    """A TierPolicy's status: how many pools use it (a policy is always usable once parsed).
+
+    >>> build_policy_status(None, 1, 2, "t0").conditions[0].message
+    'used by 2 ModelPools'
+    """
+    conds = c.set_condition(
+        (prior.conditions if prior else []),
+        c.READY,
+        "True",
+        c.POLICY_READY,
+        f"used by {pools} ModelPools",
+        generation,
+        now,
+    )
+    return TierPolicyStatus(observed_generation=generation, pools=pools, conditions=conds)
+
+
+def build_budget_status(
+    prior: TenantBudgetStatus | None,
+    generation: int | None,
+    secret: str,
+    key: str,
+    resolved: bool,
+    now: str,
+) -> TenantBudgetStatus:
+    """A TenantBudget's status: whether its API key could be read (else it is not served).
+
+    >>> s = build_budget_status(None, 1, "acme-key", "api-key", False, "t0")
+    >>> [(x.type, x.status, x.reason) for x in s.conditions]
+    [('KeyResolved', 'False', 'SecretKeyNotFound'), ('Ready', 'False', 'SecretKeyNotFound')]
+    """
+    if resolved:
+        status: ConditionStatus = "True"
+        reason, message = c.SECRET_FOUND, f"key {key!r} of Secret {secret!r} resolved"
+    else:
+        status, reason = "False", c.SECRET_NOT_FOUND
+        message = (
+            f"Secret {secret!r} or its key {key!r} not found: the tenant is left out of "
+            "the admission config (its requests get 401)"
+        )
+    conds = c.set_condition(
+        (prior.conditions if prior else []),
+        c.KEY_RESOLVED,
+        status,
+        reason,
+        message,
+        generation,
+        now,
+    )
+    conds = c.set_condition(conds, c.READY, status, reason, message, generation, now)
+    return TenantBudgetStatus(observed_generation=generation, conditions=conds)
