@@ -223,10 +223,22 @@ def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: PoolBuilder, 
     policy = build_policy()
     controller = AdmissionController(pool, builder.tiers())
     outcomes: Counter[str] = Counter()
+    by_tier: dict[str, Counter[str]] = {tier: Counter() for tier in TIERS}
+    waits: dict[str, list[float]] = {tier: [] for tier in TIERS}
 
-    def settle(verdict: object) -> list[str]:
-        outcomes[getattr(verdict, "outcome", "rejected-estimate")] += 1
-        return [verdict.request_id] if isinstance(verdict, Admit) else []
+    def count(tier: str, what: str) -> None:
+        outcomes[what] += 1
+        by_tier[tier][what] += 1
+
+    def started(admit: Admit) -> None:
+        waits[admit.tier].append(admit.queued_seconds)
+
+    def settle(verdict: object, tier: str) -> list[str]:
+        count(tier, getattr(verdict, "outcome", "rejected-estimate"))
+        if isinstance(verdict, Admit):
+            started(verdict)
+            return [verdict.request_id]
+        return []
 
     def offer(a: Arrival, now: float) -> list[str]:
         if not full:
@@ -240,10 +252,10 @@ def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: PoolBuilder, 
                 a.tenant.max_concurrency,
                 "canary" if a.draw < 0.25 else "stable",
             )
-            return settle(controller.offer(request, now))
+            return settle(controller.offer(request, now), a.tier)
         tier = decide_tier(policy, a.tenant, PATHS[a.tier], "api.example.com")
         if not isinstance(tier, Classified):
-            return settle(tier)
+            return settle(tier, a.tier)
         estimate = decide_estimate(
             pool,
             prompt_tokens=a.prompt_tokens,
@@ -251,7 +263,7 @@ def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: PoolBuilder, 
             max_tokens=a.max_tokens,
         )
         if not isinstance(estimate, Estimate):
-            return settle(estimate)
+            return settle(estimate, a.tier)
         track = decide_track(pool, tier.tier.name, a.draw)
         request = AdmissionRequest(
             a.request_id,
@@ -263,24 +275,44 @@ def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: PoolBuilder, 
             a.tenant.max_concurrency,
             track.track.name if isinstance(track, TrackChoice) else None,
         )
-        return settle(controller.offer(request, now))
+        return settle(controller.offer(request, now), a.tier)
 
     def release(rid: str, now: float) -> list[str]:
         woken = controller.release(rid, now)
-        for _ in woken.admitted:
-            outcomes["woken"] += 1
+        for admit in woken.admitted:
+            count(admit.tier, "woken")
+            started(admit)
         return [a.request_id for a in woken.admitted]
 
     def expire(now: float) -> list[str]:
         changes = controller.expire(now)
-        outcomes["expired"] += len(changes.rejected)
-        outcomes["woken"] += len(changes.admitted)
+        for reject in changes.rejected:
+            count(reject.tier, "expired")
+        for admit in changes.admitted:
+            count(admit.tier, "woken")
+            started(admit)
         return [a.request_id for a in changes.admitted]
 
     cpu, latencies = simulate(stream, offer, release, expire)
     assert controller.snapshot().in_use_tokens == 0, "reservations must balance to zero"
     name = "kvpool: classify+estimate+track+offer" if full else "kvpool AdmissionController"
-    return summarize(name, len(stream), cpu, latencies, outcomes)
+    result = summarize(name, len(stream), cpu, latencies, outcomes)
+    result["by_tier"] = {
+        tier: {
+            **dict(sorted(by_tier[tier].items())),
+            "queue_p50_s": round(percentile(waits[tier], 0.50), 3),
+            "queue_p95_s": round(percentile(waits[tier], 0.95), 3),
+        }
+        for tier in TIERS
+    }
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def summarize(name, decisions, cpu, latencies, outcomes) -> dict[str, object]:
@@ -320,6 +352,8 @@ def main() -> int:
             f"{run['offer_p50_us']:>8} {run['offer_p99_us']:>8}"
         )
     print("kvpool outcomes:", runs[1]["outcomes"])
+    for tier, figures in runs[1]["by_tier"].items():
+        print(f"  {tier:12} {figures}")
     worst = min(run["decisions_per_second"] for run in runs[1:])
     passed = worst >= TARGET_PER_SECOND
     print(f"target >= {TARGET_PER_SECOND:,}/s on one core: {'PASS' if passed else 'FAIL'}")

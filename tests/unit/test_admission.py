@@ -304,6 +304,23 @@ def test_request_that_cannot_start_within_max_queue_wait_is_rejected_at_once() -
     assert all(q.deadline == 3.0 for q in queued)
 
 
+def test_while_a_higher_tier_waits_a_tier_counts_only_on_what_it_releases_itself() -> None:
+    """lo holds its 200-token floor, hi holds the shared 800 and has a request waiting.
+    The pool drains ~1000 tokens/s, but freed shared capacity goes to hi first: lo gets
+    back ~200 tokens/s (its own releases), so its 11th queued request (5.5 s) is over
+    its 5 s maximum wait and is rejected at once."""
+    builder = PoolBuilder().capacity(1000, 100).tier("hi", 0, 0).tier("lo", 200, 20, lend_tokens=0)
+    ctl, make = controller(builder), Requests()
+    for tier in ["lo"] * 2 + ["hi"] * 8:
+        assert isinstance(ctl.offer(make.make(tier, 100), 0.0), Admit)
+    ctl.release("r1", 1.0)  # mean hold 1 s
+    assert isinstance(ctl.offer(make.make("lo", 100), 1.0), Admit)
+    assert isinstance(ctl.offer(make.make("hi", 100), 1.0), Queue)
+    verdicts = [ctl.offer(make.make("lo", 100), 1.0) for _ in range(12)]
+    assert [type(v).__name__ for v in verdicts] == ["Queue"] * 10 + ["Reject"] * 2
+    assert verdicts[9].estimated_wait_seconds == pytest.approx(5.0)
+
+
 def test_before_any_observation_the_request_is_queued_not_guessed() -> None:
     builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)
     ctl, make = controller(builder), Requests()

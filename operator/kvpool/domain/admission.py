@@ -452,7 +452,7 @@ class AdmissionController:
                         self._pending_since = now
             return started[0]
         ahead_t, ahead_s = self._ahead(tier, request)
-        wait = self._expected_wait(request, ahead_t, ahead_s)
+        wait = self._expected_wait(tier, request, ahead_t, ahead_s)
         if wait is not None and wait > tier.max_wait:
             self._unqueue(waiting)
             return Reject(
@@ -868,23 +868,34 @@ class AdmissionController:
             ahead_s += t.queued_s
         return ahead_t - request.tokens, ahead_s - request.slots
 
-    def _expected_wait(self, request: AdmissionRequest, ahead_t: int, ahead_s: int) -> float | None:
-        """Seconds until enough is released for the queue ahead and this request (None: unknown)."""
-        if self._mean_hold is None or self._mean_hold <= 0:
+    def _expected_wait(
+        self, tier: _TierState, request: AdmissionRequest, ahead_t: int, ahead_s: int
+    ) -> float | None:
+        """Seconds until enough is released for the queue ahead and this request (None: unknown).
+
+        Pool-wide: ``need / (in use / mean hold)``. While a higher tier has requests waiting,
+        whatever the pool releases beyond floors goes to it first, so the tier can only count
+        on what it releases itself: ``its queue / (its in use / mean hold)``; the larger of
+        the two is the estimate.
+        """
+        hold = self._mean_hold
+        if hold is None or hold <= 0:
             return None
         free_t = max(0, self._pool.total_tokens - self._used_t)
         free_s = max(0, self._pool.total_slots - self._used_s)
-        need_t = max(0, ahead_t + request.tokens - free_t)
-        need_s = max(0, ahead_s + request.slots - free_s)
-        if need_t == 0 and need_s == 0:
-            return 0.0
-        waits = []
-        for need, used in ((need_t, self._used_t), (need_s, self._used_s)):
+        needs = [
+            (max(0, ahead_t + request.tokens - free_t), self._used_t),
+            (max(0, ahead_s + request.slots - free_s), self._used_s),
+        ]
+        if any(t.queued_count for t in self._order if t.rank < tier.rank):
+            needs += [(tier.queued_t, tier.used_t), (tier.queued_s, tier.used_s)]
+        wait = 0.0
+        for need, used in needs:
             if need > 0:
                 if used <= 0:
-                    return None  # nothing in flight to drain: the queue decides
-                waits.append(need * self._mean_hold / used)
-        return max(waits)
+                    return None  # nothing in flight to drain: the deadline decides
+                wait = max(wait, need * hold / used)
+        return wait
 
     # ------------------------------------------------------------------ feasibility
 
