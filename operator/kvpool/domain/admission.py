@@ -38,7 +38,9 @@ reconfigure, replica readiness), so a queued request starts as soon as it can.
 and higher tiers + its own need - what is free for it now) divided by the observed drain
 rate; the drain rate is Little's law, ``in-use / mean hold time``, where the mean hold
 time is an EWMA of observed reservation durations (a per-release rate EWMA would decay
-to zero while long generations run and reject everything). If the expected wait exceeds
+to zero while long generations run and reject everything). While a higher tier has
+requests waiting, a tier can only count on what it releases itself, so its own queue over
+its own drain rate is also a lower bound on its wait. If the expected wait exceeds
 the tier's maximum, the request is rejected at once (``rejected-deadline``, 503 with
 ``Retry-After``) instead of queueing past its promise. Before any hold time has been
 observed the estimate is unknown and the request is queued; :meth:`expire` rejects
