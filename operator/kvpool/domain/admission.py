@@ -315,10 +315,9 @@ class _TierState:
         self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
         self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
 
-    def retire(self, rank: int) -> None:
+    def retire(self) -> None:
         """The tier left the policy: keep its reservations, guarantee it nothing."""
         self.removed = True
-        self.rank = rank
         self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
 
 
@@ -688,10 +687,12 @@ class AdmissionController:
         for tier in tiers:
             self._tiers.setdefault(tier.name, _TierState(tier.name)).configure(tier, pool)
         removed = [t for name, t in self._tiers.items() if name not in names and not t.removed]
+        for state in removed:
+            state.retire()
+        # retired tiers rank below every live tier (their reservations are preemptible)
         base = max((t.rank for t in tiers), default=0) + 1
-        for offset, state in enumerate(sorted(removed, key=lambda s: s.rank)):
-            state.retire(base + offset)
-        for offset, state in enumerate(t for t in self._tiers.values() if t.removed):
+        retired = sorted((t for t in self._tiers.values() if t.removed), key=lambda s: s.rank)
+        for offset, state in enumerate(retired):
             state.rank = base + offset
         self._order = sorted(self._tiers.values(), key=lambda s: s.rank)
         for state in self._order:
