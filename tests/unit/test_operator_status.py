@@ -21,7 +21,9 @@ from kvpool.domain.measurement import (
 from kvpool.domain.planner import PlanError, plan_pool
 from kvpool.domain.pool_status import (
     PoolObservation,
+    build_budget_status,
     build_missing_policy_status,
+    build_policy_status,
     build_pool_status,
     plan_events,
 )
@@ -317,3 +319,37 @@ def test_events_for_warnings_fire_once_on_entering_the_state() -> None:
     assert "MetricsUnavailable" not in [e.reason for e in plan_events(first, first, None)]
     missing = build_missing_policy_status(first, 1, "tiers", "t2")
     assert [e.reason for e in plan_events(first, missing, None)] == ["TierPolicyNotFound"]
+
+
+# --- TierPolicy / TenantBudget status -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("resolved", "expected"),
+    [(True, ("True", c.SECRET_FOUND)), (False, ("False", c.SECRET_NOT_FOUND))],
+    ids=["key-found", "key-missing"],
+)
+def test_budget_status_says_whether_the_key_resolved(
+    resolved: bool, expected: tuple[str, str]
+) -> None:
+    status = build_budget_status(None, 4, "acme-key", "api-key", resolved, "t0")
+    conds = {x.type: (x.status, x.reason) for x in status.conditions}
+    assert conds == {c.KEY_RESOLVED: expected, c.READY: expected}
+    assert status.observed_generation == 4
+
+
+def test_budget_status_keeps_transition_time_while_unchanged() -> None:
+    first = build_budget_status(None, 1, "s", "k", False, "t0")
+    again = build_budget_status(first, 1, "s", "k", False, "t1")
+    fixed = build_budget_status(again, 1, "s", "k", True, "t2")
+    assert again == first
+    assert {x.last_transition_time for x in fixed.conditions} == {"t2"}
+
+
+def test_policy_status_counts_its_pools() -> None:
+    status = build_policy_status(None, 2, 3, "t0")
+    assert status.pools == 3 and status.observed_generation == 2
+    assert [(x.type, x.status, x.reason) for x in status.conditions] == [
+        (c.READY, "True", c.POLICY_READY)
+    ]
+    assert build_policy_status(status, 2, 3, "t1") == status

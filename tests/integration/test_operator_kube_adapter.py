@@ -1,0 +1,122 @@
+"""The operator's Kubernetes adapter against the API emulator: apply semantics and retries."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+
+from kvpool.adapters import kube
+from kvpool.domain import manifests as m
+from tests.operator_builders import make_pool, served_pool
+from tests.support.kube import KubeApi
+
+
+@pytest.fixture
+async def client(kube_api: KubeApi) -> AsyncIterator[kube.KubeClient]:
+    c = kube.KubeClient(kube.KubeConnection(server=kube_api.url), backoff=0.01)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def _deployment(replicas: int = 2, **engine: Any) -> dict[str, Any]:
+    return m.build_deployment(
+        served_pool(make_pool("chat").engine(**engine)), "rev1", replicas, "stable"
+    )
+
+
+async def test_apply_creates_then_writes_only_what_changed(client: kube.KubeClient) -> None:
+    created, action = await kube.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
+    assert action == "created"
+    version = created["metadata"]["resourceVersion"]
+
+    same, action = await kube.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
+    assert (action, same["metadata"]["resourceVersion"]) == ("unchanged", version)
+
+    scaled, action = await kube.apply_deployment(client, _deployment(3, nodeSelector={"gpu": "a"}))
+    assert (action, scaled["spec"]["replicas"]) == ("scaled", 3)
+
+    # A foreign label survives; a field the spec no longer sets is removed (not merged)
+    await client.merge_patch(
+        kube.DEPLOYMENTS, "default", "chat-stable", {"metadata": {"labels": {"team": "x"}}}
+    )
+    updated, action = await kube.apply_deployment(client, _deployment(3))
+    assert action == "updated"
+    assert "nodeSelector" not in updated["spec"]["template"]["spec"]
+    assert updated["metadata"]["labels"]["team"] == "x"
+    assert updated["metadata"]["labels"]["kvpool.dev/pool"] == "chat"
+
+
+async def test_a_conflict_on_create_becomes_an_update(
+    kube_api: KubeApi, client: kube.KubeClient
+) -> None:
+    # Given an object created by a previous run, which this run did not see in its read
+    await client.create(
+        kube.SERVICES, "default", {"metadata": {"name": "chat-stable"}, "spec": {"ports": []}}
+    )
+    kube_api.emulator["get", kmock.resource("", "v1", "services")][:1] << 404
+
+    service, action = await kube.apply_service(
+        client, m.build_service(served_pool(make_pool("chat")), "stable")
+    )
+
+    assert action == "updated"
+    assert service["spec"]["selector"] == {"kvpool.dev/pool": "chat", "kvpool.dev/track": "stable"}
+    assert len(await client.list_objects(kube.SERVICES, "default")) == 1
+
+
+@pytest.mark.parametrize(
+    "status", [429, 500, 503], ids=["too-many-requests", "internal-error", "unavailable"]
+)
+async def test_transient_errors_are_retried(
+    kube_api: KubeApi, client: kube.KubeClient, status: int
+) -> None:
+    kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")][:2] << status
+    _, action = await kube.apply_deployment(client, _deployment())
+    assert action == "created"
+    assert len(kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")]) == 3
+
+
+async def test_a_client_error_is_raised_not_retried(
+    kube_api: KubeApi, client: kube.KubeClient
+) -> None:
+    kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")] << 422
+    with pytest.raises(kube.ApiError) as caught:
+        await kube.apply_deployment(client, _deployment())
+    assert caught.value.status == 422
+    assert len(kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")]) == 1
+
+
+async def test_cleanup_deletes_only_the_pools_children(client: kube.KubeClient) -> None:
+    pool, other = served_pool(make_pool("chat")), served_pool(make_pool("other"))
+    for p in (pool, other):
+        await kube.apply_deployment(client, m.build_deployment(p, "r", 1, "stable"))
+        await kube.apply_service(client, m.build_service(p, "stable"))
+        await kube.apply_pdb(client, m.build_pdb(p, 1))
+
+    assert await kube.delete_children(client, "default", "chat") == 3
+
+    for resource in kube.CHILD_RESOURCES:
+        names = [o["metadata"]["name"] for o in await client.list_objects(resource, "default")]
+        assert names and all(n.startswith("other") for n in names)
+
+
+async def test_events_are_posted_about_the_object(client: kube.KubeClient) -> None:
+    pool = {
+        "apiVersion": "kvpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "chat", "namespace": "default", "uid": "u1"},
+    }
+    await kube.create_event(
+        client, pool, "Warning", "CapacityShort", "needs 9 replicas", "2026-01-01T00:00:00Z"
+    )
+    [event] = await client.list_objects(kube.EVENTS, "default")
+    assert (event["reason"], event["type"], event["involvedObject"]["uid"]) == (
+        "CapacityShort",
+        "Warning",
+        "u1",
+    )

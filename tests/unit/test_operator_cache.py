@@ -1,0 +1,138 @@
+"""The operator's cache (secret digests, pod views, parse memo) and its coalescing queue."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from typing import Any
+
+import pytest
+
+from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller.cache import Cache, pod_view, secret_digests
+from kvpool.controller.reconcile import Coalescer
+from kvpool.domain.compile import PodView
+from tests.operator_builders import standard_policy
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("secret", "expected"),
+    [
+        ({"data": {"api-key": _b64("sk-1")}}, {"api-key": hashlib.sha256(b"sk-1").hexdigest()}),
+        ({"data": {"api-key": _b64("sk-1\n")}}, {"api-key": hashlib.sha256(b"sk-1").hexdigest()}),
+        ({"stringData": {"api-key": "sk-2"}}, {"api-key": hashlib.sha256(b"sk-2").hexdigest()}),
+        ({"data": {"api-key": "not base64!"}}, {}),
+        ({}, {}),
+    ],
+    ids=["data-base64", "trailing-newline", "string-data", "malformed-skipped", "empty"],
+)
+def test_secrets_are_reduced_to_digests(secret: dict[str, Any], expected: dict[str, str]) -> None:
+    assert secret_digests(secret) == expected
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (
+            {
+                "metadata": {"name": "p", "labels": {"kvpool.dev/track": "canary"}},
+                "status": {
+                    "podIP": "10.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+            PodView("p", "10.0.0.1", True, "canary"),
+        ),
+        ({"metadata": {"name": "p"}}, PodView("p", None, False, "stable")),
+        (
+            {
+                "metadata": {"name": "p", "deletionTimestamp": "x"},
+                "status": {
+                    "podIP": "10.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+            PodView("p", "10.0.0.1", False, "stable"),
+        ),
+    ],
+    ids=["ready-canary", "pending", "terminating-is-not-ready"],
+)
+def test_pod_views(pod: dict[str, Any], expected: PodView) -> None:
+    assert pod_view(pod) == expected
+
+
+def test_pods_follow_their_pool_label_and_deletion() -> None:
+    cache = Cache()
+    pod = {
+        "metadata": {"name": "p", "labels": {"kvpool.dev/pool": "a"}},
+        "status": {"podIP": "10.0.0.1"},
+    }
+    cache.put_pod(("ns", "p"), pod)
+    assert list(cache.pods[("ns", "a")]) == ["p"]
+    pod["metadata"]["labels"]["kvpool.dev/pool"] = "b"
+    cache.put_pod(("ns", "p"), pod)
+    assert (cache.pods[("ns", "a")], list(cache.pods[("ns", "b")])) == ({}, ["p"])
+    cache.put_pod(("ns", "p"), None)
+    assert cache.pods[("ns", "b")] == {}
+
+
+def test_parse_is_memoised_per_resource_version() -> None:
+    cache = Cache()
+    body = standard_policy().dict()
+    body["metadata"]["resourceVersion"] = "1"
+    first = cache.parsed(TierPolicy, body)
+    assert cache.parsed(TierPolicy, body) is first
+    body["spec"]["tiers"][0]["floorPercent"] = 20
+    body["metadata"]["resourceVersion"] = "2"
+    assert cache.parsed(TierPolicy, body).spec.tiers[0].floor_percent == 20
+
+
+def test_referenced_secrets() -> None:
+    cache = Cache()
+    cache.put_budget(
+        ("ns", "acme"), {"metadata": {"name": "acme"}, "spec": {"apiKeySecretRef": {"name": "k"}}}
+    )
+    assert cache.referenced_secret("ns", "k")
+    assert not cache.referenced_secret("ns", "other") and not cache.referenced_secret("other", "k")
+    cache.put_budget(("ns", "acme"), None)
+    assert not cache.referenced_secret("ns", "k")
+
+
+async def test_a_burst_of_requests_costs_at_most_two_runs() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def work(key: str) -> None:
+        runs.append(key)
+        await gate.wait()
+
+    queue = Coalescer(work)
+    first = asyncio.create_task(queue.request("a"))
+    await asyncio.sleep(0)  # the first run starts and waits on the gate
+    burst = [asyncio.create_task(queue.request("a")) for _ in range(10)]
+    other = asyncio.create_task(queue.request("b"))  # other keys are independent
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(first, *burst, other)
+    assert sorted(runs) == ["a", "a", "b"]
+
+
+async def test_a_failed_run_lets_the_next_request_run_again() -> None:
+    calls = 0
+
+    async def work(key: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("API down")
+
+    queue = Coalescer(work)
+    with pytest.raises(RuntimeError):
+        await queue.request("a")
+    await queue.request("a")
+    assert calls == 2
