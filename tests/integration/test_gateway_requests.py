@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
@@ -393,3 +398,64 @@ async def test_session_pool_reuses_connections(engine: FakeEngine, start_gateway
     connector = gateway._session.connector
     assert isinstance(connector, aiohttp.TCPConnector)
     assert sum(len(v) for v in connector._conns.values()) == 1  # one pooled keep-alive
+
+
+def _word_tokenizer(folder: Path, template: str | None) -> Path:
+    """A word-level tokenizer.json (and a chat template) built on the spot."""
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", "hello", "world", "<|user|>", "</s>"])}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if template is not None:
+        config = {"chat_template": template, "bos_token": "<s>"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder / "tokenizer.json"
+
+
+@pytest.mark.parametrize(
+    ("template", "messages", "expected"),
+    [
+        (
+            "{{ bos_token }} {% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> "
+            "{% endfor %}",
+            [{"role": "user", "content": "hello world"}],
+            5,  # <s> <|user|> hello world </s>
+        ),
+        (None, [{"role": "user", "content": "hello world"}], 2 + 8),  # contents + 8 a message
+        (
+            "{{ raise_exception('no system role') }}",
+            [{"role": "system", "content": "hello"}],
+            1 + 8,  # a template that raises: contents + 8
+        ),
+    ],
+    ids=["chat-template", "no-template", "template-raises"],
+)
+def test_tokenizer_counts_chat(
+    tmp_path: Path, template: str | None, messages: list[dict[str, str]], expected: int
+) -> None:
+    loaded = TokenizerCache().get(str(_word_tokenizer(tmp_path, template)))
+    assert loaded is not None
+    assert loaded.count_chat(messages) == expected
+    assert loaded.count_prompt("hello hello world") == 3
+    assert loaded.count_prompt([7, 8, 9, 10]) == 4
+
+
+@pytest.mark.parametrize(
+    "setup",
+    ["missing", "not-json", "folder"],
+    ids=["missing-file-is-none", "broken-file-is-none", "folder-holding-tokenizer-json"],
+)
+def test_tokenizer_cache_loads_once_and_never_raises(tmp_path: Path, setup: str) -> None:
+    cache = TokenizerCache()
+    if setup == "missing":
+        path = str(tmp_path / "nope.json")
+    elif setup == "not-json":
+        (tmp_path / "tokenizer.json").write_text("{")
+        path = str(tmp_path / "tokenizer.json")
+    else:
+        _word_tokenizer(tmp_path, None)
+        path = str(tmp_path)
+    first = cache.get(path)
+    assert (first is not None) == (setup == "folder")
+    assert cache.get(path) is first  # cached, failures included

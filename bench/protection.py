@@ -1,0 +1,541 @@
+"""Does kvpool protect an interactive tenant from a batch flood on one real engine?
+
+Why this benchmark exists: it is the claim of the project. One real vLLM engine on CPU
+(tiny model, 1 MiB of KV = 1024 tokens, 8 sequences) serves an **interactive** tenant
+(steady Poisson chat, short prompts, 16 output tokens, streamed) and a **batch** tenant
+flooding long prompts with long outputs (closed loop, ``--batch-workers`` at once, each
+needing ~350 KV tokens: together several times the KV cache). Same seeded arrival
+schedule in every scenario:
+
+- ``alone``        the interactive tenant alone, direct (the floor no policy can beat);
+- ``batch-alone``  the batch tenant alone, direct (its throughput with the engine to itself);
+- ``fcfs``         both direct, engine ``--scheduling-policy fcfs``;
+- ``priority``     both direct, engine priority scheduling, interactive priority 0, batch 1;
+- ``kvpool``       both through a ``kvpool gateway`` process (tiers interactive 40 % floor,
+                   lends a quarter; batch 40 %; 20 % shared; the gateway sets engine
+                   priorities and reserves KV per request) on the priority engine.
+
+Two engines run (one FCFS, one priority; prefix caching off so repeated prompts do not get
+cheaper), and the scenarios run in interleaved rounds (shuffled each round): the machine's
+background load drifts by minutes and must hit every scenario alike.
+
+Reported per scenario: interactive TTFT p50/p95 and e2e p50 (client-side), engine queue
+time (mean, ``vllm:request_queue_time_seconds``), the gateway's queue time per tier
+(kvpool), batch output tokens per second, engine preemptions
+(``vllm:num_preemptions_total``), and rejections. Targets (from the issue): through kvpool,
+interactive p95 TTFT within 1.5x of ``alone``, while batch keeps at least its floor share
+(40 %) of its ``batch-alone`` token throughput.
+
+    .venv/bin/python bench/protection.py            # full: 80 s a scenario in 4 rounds (~8 min)
+    .venv/bin/python bench/protection.py --quick    # smoke: 16 s a scenario, 2 rounds (~3 min)
+
+Needs the vLLM venv (scripts/ensure-vllm.sh). Starts the two engines one after the other,
+only on loopback; every loop is bounded in count and time; everything started is stopped.
+Results vary with the machine's load (recorded in the output): compare scenarios of the
+same run, not runs. Prints a table and writes bench/results/protection.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.support.engine import EngineConfig, VllmEngine
+from tests.support.tiny_model import tiny_model_dir
+
+RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
+REPO = Path(__file__).resolve().parent.parent
+KV_BYTES = 1024 * 1024  # 1024 tokens of the tiny model
+INTERACTIVE_KEY, BATCH_KEY = "sk-interactive", "sk-batch"
+BATCH_FLOOR_PERCENT = 40
+TARGET_TTFT_RATIO = 1.5
+
+WORDS = [
+    "the",
+    "a",
+    "model",
+    "token",
+    "cache",
+    "tier",
+    "floor",
+    "budget",
+    "engine",
+    "batch",
+    "gateway",
+    "queue",
+]
+
+
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+@dataclass
+class Tally:
+    """What one scenario observed (summed over its rounds)."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+    interactive_rejected: int = 0
+    interactive_errors: int = 0
+    batch_tokens: int = 0  # output tokens streamed to batch clients (partial requests count)
+    batch_done: int = 0
+    batch_rejected: int = 0
+    batch_errors: int = 0
+    seconds: float = 0.0
+    preemptions: float = 0.0
+    engine_queue_sum: float = 0.0
+    engine_queue_count: float = 0.0
+    gateway_queue: dict[str, list[float]] = field(default_factory=dict)  # tier -> [sum, count]
+
+
+def metric_sums(text_: str) -> dict[str, float]:
+    """Sum of every sample by name (labels ignored), from a Prometheus exposition."""
+    sums: dict[str, float] = {}
+    for line in text_.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0]
+        try:
+            sums[name] = sums.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return sums
+
+
+def labelled(text_: str, name: str, **labels: str) -> float:
+    """One labelled sample's value (0 when absent)."""
+    for line in text_.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as resp:
+        return await resp.text()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    interactive: bool
+    batch: bool
+    through_gateway: bool
+    priorities: bool  # direct requests carry engine priorities
+
+
+SCENARIOS = {
+    "alone": Scenario("alone", True, False, False, True),
+    "batch-alone": Scenario("batch-alone", False, True, False, True),
+    "priority": Scenario("priority", True, True, False, True),
+    "kvpool": Scenario("kvpool", True, True, True, False),
+    "fcfs": Scenario("fcfs", True, True, False, False),
+}
+
+
+async def interactive_client(
+    session: aiohttp.ClientSession,
+    base: str,
+    scenario: Scenario,
+    tally: Tally,
+    schedule: list[tuple[float, str]],
+    stop_at: float,
+) -> None:
+    started = time.monotonic()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(prompt: str) -> None:
+        body: dict[str, Any] = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 16,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        if scenario.priorities:
+            body["priority"] = 0
+        sent = time.perf_counter()
+        first: float | None = None
+        try:
+            async with session.post(
+                f"{base}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {INTERACTIVE_KEY}"},
+            ) as resp:
+                if resp.status in (429, 503):
+                    tally.interactive_rejected += 1
+                    await resp.read()
+                    return
+                if resp.status != 200:
+                    tally.interactive_errors += 1
+                    await resp.read()
+                    return
+                async for line in resp.content:
+                    if first is None and line.startswith(b"data: ") and b'"content"' in line:
+                        first = time.perf_counter()
+        except (aiohttp.ClientError, TimeoutError):
+            tally.interactive_errors += 1
+            return
+        done = time.perf_counter()
+        tally.ttft_ms.append(((first or done) - sent) * 1000)
+        tally.e2e_ms.append((done - sent) * 1000)
+
+    for offset, prompt in schedule:
+        wait = started + offset - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if time.monotonic() >= stop_at:
+            break
+        tasks.append(asyncio.create_task(one(prompt)))
+    if tasks:
+        await asyncio.wait(tasks, timeout=max(1.0, stop_at - time.monotonic() + 30))
+    for task in tasks:
+        task.cancel()
+
+
+async def batch_worker(
+    session: aiohttp.ClientSession,
+    base: str,
+    scenario: Scenario,
+    tally: Tally,
+    rng: random.Random,
+    stop_at: float,
+    max_tokens: int,
+) -> None:
+    while time.monotonic() < stop_at:
+        body: dict[str, Any] = {
+            "model": "tiny",
+            "prompt": text(rng, 200),
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        if scenario.priorities:
+            body["priority"] = 1
+        try:
+            remaining = max(0.1, stop_at - time.monotonic())
+            async with session.post(
+                f"{base}/v1/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {BATCH_KEY}"},
+                timeout=aiohttp.ClientTimeout(total=remaining),
+            ) as resp:
+                if resp.status in (429, 503):
+                    tally.batch_rejected += 1
+                    retry = float(resp.headers.get("Retry-After", "1"))
+                    await resp.read()
+                    await asyncio.sleep(min(retry, 1.0))
+                    continue
+                if resp.status != 200:
+                    tally.batch_errors += 1
+                    await resp.read()
+                    await asyncio.sleep(0.5)
+                    continue
+                async for line in resp.content:
+                    if line.startswith(b"data: ") and b'"text"' in line:
+                        tally.batch_tokens += 1
+                tally.batch_done += 1
+        except (aiohttp.ClientError, TimeoutError):
+            if time.monotonic() < stop_at:
+                tally.batch_errors += 1
+
+
+async def wait_idle(session: aiohttp.ClientSession, engine: VllmEngine, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        sums = metric_sums(await fetch_text(session, engine.metrics_url))
+        if sums.get("vllm:num_requests_running", 0) + sums.get("vllm:num_requests_waiting", 0) == 0:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def run_round(
+    scenario: Scenario,
+    engine: VllmEngine,
+    gateway: GatewayProcess | None,
+    args: argparse.Namespace,
+    tally: Tally,
+    seconds: float,
+) -> None:
+    """One round of a scenario (``seconds`` long), added to ``tally``."""
+    rng = random.Random(args.seed)
+    schedule: list[tuple[float, str]] = []
+    t = 0.0
+    while t < seconds and len(schedule) < seconds * args.rate * 3:
+        t += rng.expovariate(args.rate)
+        schedule.append((t, text(rng, 30)))
+    base = gateway.url if (scenario.through_gateway and gateway) else engine.base_url
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=seconds + 60)
+    ) as session:
+        await wait_idle(session, engine, 30)
+        before = metric_sums(await fetch_text(session, engine.metrics_url))
+        gw_before = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+        started = time.monotonic()
+        stop_at = started + seconds
+        jobs: list[Awaitable[None]] = []
+        if scenario.interactive:
+            jobs.append(interactive_client(session, base, scenario, tally, schedule, stop_at))
+        if scenario.batch:
+            jobs += [
+                batch_worker(
+                    session,
+                    base,
+                    scenario,
+                    tally,
+                    random.Random(args.seed + i),
+                    stop_at,
+                    args.batch_output,
+                )
+                for i in range(args.batch_workers)
+            ]
+        await asyncio.gather(*jobs)
+        tally.seconds += time.monotonic() - started
+        await wait_idle(session, engine, 30)
+        after = metric_sums(await fetch_text(session, engine.metrics_url))
+        gw_after = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    tally.preemptions += delta("vllm:num_preemptions_total")
+    tally.engine_queue_sum += delta("vllm:request_queue_time_seconds_sum")
+    tally.engine_queue_count += delta("vllm:request_queue_time_seconds_count")
+    if scenario.through_gateway:
+        for tier in ("interactive", "batch"):
+            acc = tally.gateway_queue.setdefault(tier, [0.0, 0.0])
+            for i, suffix in enumerate(("_sum", "_count")):
+                name = "kvpool_gateway_queue_seconds" + suffix
+                acc[i] += labelled(gw_after, name, pool="tiny", tier=tier) - labelled(
+                    gw_before, name, pool="tiny", tier=tier
+                )
+
+
+def summarise(tally: Tally) -> dict[str, Any]:
+    """The figures of one scenario."""
+    row: dict[str, Any] = {
+        "interactive_requests": len(tally.ttft_ms),
+        "interactive_ttft_p50_ms": _round(percentile(tally.ttft_ms, 50)),
+        "interactive_ttft_p95_ms": _round(percentile(tally.ttft_ms, 95)),
+        "interactive_e2e_p50_ms": _round(percentile(tally.e2e_ms, 50)),
+        "interactive_rejected": tally.interactive_rejected,
+        "interactive_errors": tally.interactive_errors,
+        "engine_queue_mean_ms": _round(
+            tally.engine_queue_sum / tally.engine_queue_count * 1000
+            if tally.engine_queue_count
+            else None
+        ),
+        "batch_requests": tally.batch_done,
+        "batch_tokens_per_s": round(tally.batch_tokens / tally.seconds, 2) if tally.seconds else 0,
+        "batch_rejected": tally.batch_rejected,
+        "batch_errors": tally.batch_errors,
+        "preemptions": int(tally.preemptions),
+        "seconds": round(tally.seconds, 1),
+    }
+    for tier, (total, count) in tally.gateway_queue.items():
+        row[f"gateway_queue_mean_ms_{tier}"] = _round(total / count * 1000 if count else None)
+    return row
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def gateway_config(engine: VllmEngine) -> ConfigBuilder:
+    return (
+        ConfigBuilder()
+        .tier("interactive", floor=40, lend=25, wait=5.0)
+        .tier("batch", floor=BATCH_FLOOR_PERCENT, lend=100, wait=60.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool(
+            "tiny",
+            [engine.base_url],
+            tokens_per_replica=KV_BYTES // 1024,
+            slots_per_replica=8,
+            max_model_len=512,
+            output_p95=64,
+            tokenizer_path=tiny_model_dir() / "tokenizer.json",
+        )
+        .tenant(
+            "interactive",
+            key=INTERACTIVE_KEY,
+            tiers=["interactive", "batch"],
+            labels={"class": "interactive"},
+        )
+        .tenant("batch", key=BATCH_KEY, tiers=["batch"])
+    )
+
+
+def start_engine(policy: str, workdir: Path) -> VllmEngine:
+    config = EngineConfig(
+        model_dir=tiny_model_dir(),
+        served_model_name="tiny",
+        kv_cache_memory_bytes=KV_BYTES,
+        block_size=32,
+        max_num_seqs=8,
+        max_model_len=512,
+        scheduling_policy=policy,
+        extra_args=("--no-enable-prefix-caching",),  # repeated prompts must not get cheaper
+    )
+    return VllmEngine(config, log_path=workdir / f"vllm-{policy}.log").start()
+
+
+ORDER = ("alone", "batch-alone", "fcfs", "priority", "kvpool")
+
+
+async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Both engines up (one after the other), then rounds of every scenario, interleaved.
+
+    Background load on a shared machine drifts by minutes; interleaving short rounds (in a
+    shuffled order each round) makes every scenario see the same mix of it.
+    """
+    engines: dict[str, VllmEngine] = {}
+    gateway: GatewayProcess | None = None
+    tallies = {name: Tally() for name in ORDER}
+    try:
+        for policy in ("priority", "fcfs"):
+            engines[policy] = await asyncio.to_thread(start_engine, policy, workdir)
+        config_path = gateway_config(engines["priority"]).write(workdir / "config.json")
+        gateway = GatewayProcess(
+            config_path, workdir / "gateway.log", extra_args=("--no-access-log",)
+        )
+        await asyncio.to_thread(gateway.start)
+        order = list(ORDER)
+        shuffle = random.Random(args.seed)
+        for round_index in range(args.rounds):
+            shuffle.shuffle(order)
+            for name in order:
+                scenario = SCENARIOS[name]
+                engine = engines["fcfs" if name == "fcfs" else "priority"]
+                seconds = args.duration / args.rounds
+                print(
+                    f"round {round_index + 1}/{args.rounds}: {name} ({seconds:.0f} s)", flush=True
+                )
+                await run_round(scenario, engine, gateway, args, tallies[name], seconds)
+    finally:
+        if gateway is not None:
+            await asyncio.to_thread(gateway.stop)
+        for engine in engines.values():
+            await asyncio.to_thread(engine.stop)
+    return {name: summarise(tallies[name]) for name in ORDER}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 16 s a scenario")
+    parser.add_argument("--duration", type=float, default=None, help="seconds a scenario (80)")
+    parser.add_argument("--rate", type=float, default=2.0, help="interactive requests/s")
+    parser.add_argument("--batch-workers", type=int, default=8)
+    parser.add_argument("--batch-output", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (4)")
+    args = parser.parse_args()
+    if args.duration is None:
+        args.duration = 16.0 if args.quick else 80.0
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 4
+    load_before = os.getloadavg()
+    workdir = Path(tempfile.mkdtemp(prefix="kvpool-protection-"))
+    try:
+        scenarios = asyncio.run(run_all(args, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    alone_p95 = scenarios["alone"]["interactive_ttft_p95_ms"]
+    kv_p95 = scenarios["kvpool"]["interactive_ttft_p95_ms"]
+    batch_alone = scenarios["batch-alone"]["batch_tokens_per_s"]
+    kv_batch = scenarios["kvpool"]["batch_tokens_per_s"]
+    ttft_ratio = kv_p95 / alone_p95 if alone_p95 and kv_p95 else None
+    batch_share = kv_batch / batch_alone if batch_alone else None
+    result = {
+        "benchmark": "protection",
+        "quick": args.quick,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "params": {
+            "duration_s": args.duration,
+            "interactive_rate_per_s": args.rate,
+            "batch_workers": args.batch_workers,
+            "batch_output_tokens": args.batch_output,
+            "kv_tokens": KV_BYTES // 1024,
+            "max_num_seqs": 8,
+            "seed": args.seed,
+            "rounds": args.rounds,
+        },
+        "scenarios": scenarios,
+        "comparison": {
+            "kvpool_ttft_p95_over_alone": None if ttft_ratio is None else round(ttft_ratio, 2),
+            "kvpool_batch_share_of_alone": None if batch_share is None else round(batch_share, 2),
+            "ttft_target_met": ttft_ratio is not None and ttft_ratio <= TARGET_TTFT_RATIO,
+            "batch_floor_met": batch_share is not None and batch_share >= BATCH_FLOOR_PERCENT / 100,
+        },
+    }
+    cols = (
+        ("ttft p50", "interactive_ttft_p50_ms"),
+        ("ttft p95", "interactive_ttft_p95_ms"),
+        ("eng queue", "engine_queue_mean_ms"),
+        ("batch tok/s", "batch_tokens_per_s"),
+        ("preempt", "preemptions"),
+        ("i-rej", "interactive_rejected"),
+        ("b-rej", "batch_rejected"),
+    )
+    print(f"{'scenario':12}" + "".join(f"{c:>12}" for c, _ in cols))
+    for name in ORDER:
+        row = scenarios[name]
+        cells = "".join(f"{'-' if row.get(key) is None else row[key]:>12}" for _, key in cols)
+        print(f"{name:12}{cells}")
+    kv = scenarios["kvpool"]
+    print(
+        f"kvpool gateway queue (mean ms): interactive {kv.get('gateway_queue_mean_ms_interactive')}"
+        f", batch {kv.get('gateway_queue_mean_ms_batch')}"
+    )
+    comparison = result["comparison"]
+    print(
+        f"kvpool interactive p95 TTFT / alone: {comparison['kvpool_ttft_p95_over_alone']}"
+        f" (target <= {TARGET_TTFT_RATIO}: {'met' if comparison['ttft_target_met'] else 'MISSED'})"
+    )
+    print(
+        f"kvpool batch tokens/s / batch alone: {comparison['kvpool_batch_share_of_alone']}"
+        f" (target >= {BATCH_FLOOR_PERCENT / 100}: "
+        f"{'met' if comparison['batch_floor_met'] else 'MISSED'})"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
