@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +431,20 @@ def test_kubectl_shows_the_printer_columns(kube_api: KubeApi, operator: Operator
         "2700",
         "Pending",
     ]
+
+
+def test_the_playground_shows_the_examples_planned() -> None:
+    # The README's "try it without a cluster" command
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.operator_playground", "--once"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("kubectl --kubeconfig") for line in lines)
+    rows = {line.split()[1]: line.split() for line in lines if "modelpool.kvpool.dev/" in line}
+    assert rows["modelpool.kvpool.dev/llama-8b"][3:5] == ["4", "400000"]  # WARM, KV/REPLICA
