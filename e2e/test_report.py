@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.local_demo import (
+from e2e.cluster_view import (
     STATIC_ENDPOINTS,
     build_local_manifests,
     build_scrape_targets,

@@ -10,7 +10,7 @@ measure time to first token (TTFT) itself.
 Two traffic classes (:class:`TrafficClass`), one per tenant:
 
 - interactive: ``POST /v1/chat/completions``, ~12-word questions (~30 tokens with the
-  tiny model's tokenizer, plus the chat template), ``max_tokens`` 48;
+  tiny model's tokenizer, plus the chat template), ``max_tokens`` 32;
 - batch: ``POST /v1/completions``, ~65-word documents (~170 tokens, at most ~220),
   ``max_tokens`` 200 (``ignore_eos`` so every request really generates them): ~370 KV
   tokens each, five of them fill the tiny engine's 2048-token KV cache.
@@ -104,7 +104,7 @@ def build_interactive(api_key: str, rate: float) -> TrafficClass:
         path="/v1/chat/completions",
         rate=rate,
         prompt_words=(8, 16),
-        max_tokens=48,
+        max_tokens=32,
     )
 
 
@@ -194,56 +194,63 @@ async def send_request(
 
 async def _arrivals(
     session: aiohttp.ClientSession,
-    base_url: str,
+    base_urls: Sequence[str],
     model: str,
     traffic: TrafficClass,
     until: float,
     rng: random.Random,
     started: list[tuple[str, asyncio.Task[RequestRecord]]],
 ) -> None:
-    """Start requests at Poisson arrival times until the deadline (open loop)."""
+    """Start requests at Poisson arrival times until the deadline (open loop), spreading
+    them over ``base_urls`` in turn."""
     next_at = time.monotonic() + rng.expovariate(traffic.rate)
+    turn = 0
     while next_at < until:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         body = build_body(traffic, model, rng)
-        task = asyncio.create_task(send_request(session, base_url, traffic, body))
+        url = base_urls[turn % len(base_urls)]
+        turn += 1
+        task = asyncio.create_task(send_request(session, url, traffic, body))
         started.append((traffic.tier, task))
         next_at += rng.expovariate(traffic.rate)
 
 
 async def drive_traffic(
-    base_url: str,
+    base_urls: Sequence[str],
     model: str,
     classes: Sequence[TrafficClass],
     duration: float,
     seed: int = 7,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> list[RequestRecord]:
     """Run every traffic class for ``duration`` seconds, then let in-flight requests end.
 
-    Requests still running ``DRAIN_SECONDS`` after the last arrival are cancelled and
-    recorded as failures (status 0, error ``Cancelled``).
+    ``base_urls``: one gateway, or (for the baseline without kvpool) the engines themselves,
+    used in turn. Requests still running ``drain_seconds`` after the last arrival are
+    cancelled (the engine aborts them) and recorded as failures (status 0, ``Unfinished``).
     """
     seeds = random.Random(seed)
     started: list[tuple[str, asyncio.Task[RequestRecord]]] = []
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=duration + DRAIN_SECONDS)
+    timeout = aiohttp.ClientTimeout(total=duration + drain_seconds + 30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         until = time.monotonic() + duration
         await asyncio.gather(
             *(
                 _arrivals(
-                    session, base_url, model, c, until, random.Random(seeds.random()), started
+                    session, base_urls, model, c, until, random.Random(seeds.random()), started
                 )
                 for c in classes
             )
         )
         if started:
-            await asyncio.wait([task for _, task in started], timeout=DRAIN_SECONDS)
+            await asyncio.wait([task for _, task in started], timeout=drain_seconds)
         records = []
         for tier, task in started:
             if task.done():
                 records.append(task.result())
             else:
                 task.cancel()
-                records.append(RequestRecord(tier, 0, None, DRAIN_SECONDS, 0, "Cancelled"))
+                records.append(RequestRecord(tier, 0, None, duration, 0, "Unfinished"))
+        await asyncio.gather(*(task for _, task in started), return_exceptions=True)
     return records
