@@ -10,6 +10,8 @@ expectations, which follow the worked examples in kvpool.domain.budget.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -248,5 +250,31 @@ async def test_redis_breaker_retries_after_the_interval() -> None:
         assert store.available
         await store.reserve("acme", limits, 1, BASE)
         assert errors == ["reserve", "reserve"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.redis
+async def test_a_hung_redis_costs_at_most_the_timeout(redis_server: RedisFactory) -> None:
+    """Given a Redis that accepts connections but does not answer (SIGSTOP), a reservation
+    returns after the timeout with the local allowance, and the next one does not wait."""
+    redis = redis_server()
+    store = RedisBudgetStore(redis.url, timeout=0.02, key_prefix=f"hung:{time.monotonic_ns()}")
+    limits = [per("1m", 1000)]
+    try:
+        assert isinstance(await store.reserve("acme", limits, 10, BASE), BudgetAllow)
+        os.kill(redis.process.pid, signal.SIGSTOP)
+        try:
+            timings = []
+            for _ in range(2):
+                started = time.perf_counter()
+                verdict = await store.reserve("acme", limits, 10, BASE)
+                timings.append(time.perf_counter() - started)
+                assert isinstance(verdict, BudgetAllow) and verdict.charge.origin == "local"
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+        assert timings[0] < 0.2  # the 20 ms timeout, plus scheduling noise on a busy machine
+        assert timings[1] < timings[0]  # the breaker is open: Redis is not even asked
+        assert store.errors == 1
     finally:
         await store.close()
