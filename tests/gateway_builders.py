@@ -302,10 +302,10 @@ class FakeEngine:
             )
         try:
             await asyncio.sleep(self.delay)
-            out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
-            out = max(1, min(out, 64))
-            prompt_tokens = 5
             chat = request.path.endswith("chat/completions")
+            wanted = body.get("max_completion_tokens") if chat else None
+            out = max(1, min(int(wanted or body.get("max_tokens") or 4), 64))
+            prompt_tokens = 5
             if not body.get("stream"):
                 choice = (
                     {"index": 0, "message": {"role": "assistant", "content": "x" * out}}

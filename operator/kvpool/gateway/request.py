@@ -156,10 +156,9 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
         raise _bad("invalid_type", "stream_options must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     max_tokens = _optional_int(body, "max_tokens")
-    if kind == "chat":
-        max_completion = _optional_int(body, "max_completion_tokens")
-        if max_completion is not None:
-            max_tokens = max_completion
+    max_completion = _optional_int(body, "max_completion_tokens")  # type-checked everywhere
+    if kind == "chat" and max_completion is not None:
+        max_tokens = max_completion  # chat's newer name wins; completions do not know it
     n = _optional_int(body, "n")
     messages: list[dict[str, Any]] | None = None
     prompt: Any = None

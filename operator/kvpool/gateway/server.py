@@ -48,7 +48,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvpool.adapters.budget_store import BudgetStore, BudgetUnavailable
+from kvpool.adapters.budget_store import BudgetStore, BudgetUnavailable, InMemoryBudgetStore
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import (
     AdmissionConfig,
@@ -171,6 +171,7 @@ class Gateway:
         self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
         self._session: aiohttp.ClientSession | None = None
         self._started = False
+        self._background: set[asyncio.Task[None]] = set()  # settlements in flight
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
         self._config_info(config)
 
@@ -190,9 +191,11 @@ class Gateway:
         self._started = True
 
     async def stop(self) -> None:
-        """Close the upstream pool and the budget store."""
+        """Close the upstream pool and the budget store (after pending settlements)."""
         for runtime in self.runtimes.values():
             runtime.close()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5)
         if self._session is not None:
             await self._session.close()
         await self.store.close()
@@ -409,9 +412,19 @@ class Gateway:
             self._access_log(admission, status, outcome, actual)
 
     async def _settle(self, charge: BudgetCharge, actual: int) -> None:
+        """Settle a charge. A remote store settles in the background: the answer (a
+        non-streaming response is sent after this returns) never waits for Redis."""
+        if isinstance(self.store, InMemoryBudgetStore):
+            await self.store.settle(charge, actual, self.wall_clock())
+            return
+        task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _settle_now(self, charge: BudgetCharge, actual: int, now: float) -> None:
         try:
-            await asyncio.shield(self.store.settle(charge, actual, self.wall_clock()))
-        except Exception as exc:  # a settle failure must not fail the answer
+            await self.store.settle(charge, actual, now)
+        except Exception as exc:  # a settle failure must not fail anything
             log.warning("budget settle failed: %s", exc)
 
     def _access_log(self, admission: Admission, status: int, outcome: str, actual: int) -> None:
