@@ -206,7 +206,7 @@ def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dic
             started = time.perf_counter()
             op.start()
             ready_seconds = time.perf_counter() - started
-            wait_until(lambda: planned() == total_pools, timeout=timeout, interval=1.0)
+            wait_until(lambda: planned() == total_pools, timeout=timeout, interval=2.0)
             plan_seconds = time.perf_counter() - started
             wait_until(
                 lambda: published() == (total_pools, total_tenants), timeout=timeout, interval=1.0

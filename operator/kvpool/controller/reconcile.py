@@ -115,10 +115,13 @@ class Operator:
     written: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     pools: Coalescer = field(init=False)
     publisher: Coalescer = field(init=False)
+    side_statuses: Coalescer = field(init=False)
+    background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.pools = Coalescer(lambda key: reconcile_pool(self, *key))
         self.publisher = Coalescer(lambda ns: publish_namespace(self, ns))
+        self.side_statuses = Coalescer(lambda ns: apply_side_statuses(self, ns))
 
 
 # --- observe ---------------------------------------------------------------------------------
@@ -316,12 +319,13 @@ async def _write_status(
     """Patch ``status`` when it changed, remember it, and emit the Events it implies."""
     meta = body["metadata"]
     key = (meta.get("namespace") or "default", meta["name"])
-    op.statuses[key] = status
-    if prior is not None and prior.to_wire() == status.to_wire():
-        return
-    await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], status.to_wire())
-    for event in plan_events(prior, status, assessment):
-        await kube.create_event(op.kube, body, event.type, event.reason, event.message, utc_now())
+    if prior is None or prior.to_wire() != status.to_wire():
+        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], status.to_wire())
+        for event in plan_events(prior, status, assessment):
+            await kube.create_event(
+                op.kube, body, event.type, event.reason, event.message, utc_now()
+            )
+    op.statuses[key] = status  # only once written: a failed write is retried next time
 
 
 async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:
@@ -408,6 +412,22 @@ async def publish_namespace(op: Operator, namespace: str) -> None:
         op.metrics.errors.labels("publish").inc()
         raise
     op.metrics.publishes.labels(action).inc()
+    # Policy and budget statuses follow in the background: thousands of tenants must not
+    # delay the next config publication.
+    task = asyncio.create_task(op.side_statuses.request(namespace))
+    op.background.add(task)
+    task.add_done_callback(lambda done: _finished(op, done))
+
+
+def _finished(op: Operator, task: asyncio.Task[None]) -> None:
+    op.background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        op.metrics.errors.labels("status").inc()
+        log.warning("status update failed: %r", task.exception())
+
+
+async def apply_side_statuses(op: Operator, namespace: str) -> None:
+    """TierPolicy and TenantBudget statuses of a namespace (pools using it, key resolved)."""
     await _apply_policy_statuses(op, namespace)
     await _apply_budget_statuses(op, namespace)
 
