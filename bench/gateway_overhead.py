@@ -173,6 +173,7 @@ async def measure_latency(args: argparse.Namespace, workdir: Path) -> dict[str, 
     try:
         gateway.start()
         targets = {"direct": engine_url, "gateway": gateway.url}
+        gateway_cpu = 0.0
         samples: dict[str, dict[str, list[float]]] = {
             name: {"ttft": [], "total": []} for name in targets
         }
@@ -194,6 +195,7 @@ async def measure_latency(args: argparse.Namespace, workdir: Path) -> dict[str, 
             per_round = max(1, args.requests // args.rounds)
             for _ in range(args.rounds):
                 for name, base in targets.items():
+                    cpu_before = process_cpu_seconds(gateway.process.pid)
                     ttfts, totals, errs = await run_load(
                         session,
                         base,
@@ -206,6 +208,8 @@ async def measure_latency(args: argparse.Namespace, workdir: Path) -> dict[str, 
                     samples[name]["ttft"] += ttfts
                     samples[name]["total"] += totals
                     errors[name] += errs
+                    if name == "gateway":
+                        gateway_cpu += process_cpu_seconds(gateway.process.pid) - cpu_before
     finally:
         gateway.stop()
         engine.kill()
@@ -226,7 +230,15 @@ async def measure_latency(args: argparse.Namespace, workdir: Path) -> dict[str, 
         for key in out["direct"]
         if key.endswith("_ms")
     }
+    served = len(samples["gateway"]["total"])
+    out["gateway_cpu_ms_per_request"] = round(gateway_cpu / served * 1000, 3) if served else None
     return out
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- part 2: decisions per second on one core ----------------------------------------------
@@ -323,6 +335,7 @@ def main() -> int:
         args.rounds = min(args.rounds, 2)
         args.max_seconds = min(args.max_seconds, 30.0)
 
+    load_before = os.getloadavg()
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))
     try:
         latency = run_loop(measure_latency(args, workdir))
@@ -336,7 +349,12 @@ def main() -> int:
         "benchmark": "gateway_overhead",
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "params": {
             "concurrency": args.concurrency,
             "requests_per_target": args.requests,
@@ -369,6 +387,10 @@ def main() -> int:
         f"{added['total_p50_ms']:>11.2f}{added['total_p99_ms']:>11.2f}"
         f"   target p99 < {TARGET_P99_ADDED_MS} ms: "
         f"{'met' if added_p99 < TARGET_P99_ADDED_MS else 'MISSED'}"
+    )
+    print(
+        f"gateway CPU per streamed request ({args.chunks} chunks): "
+        f"{latency['gateway_cpu_ms_per_request']} ms (load-independent)"
     )
     for store, row in decisions.items():
         print(
