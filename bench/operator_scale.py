@@ -253,7 +253,11 @@ def main() -> int:
     result: dict[str, Any] = {
         "benchmark": "operator_scale",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_1m_at_start": round(os.getloadavg()[0], 2),  # shared machine: noise
+        },
         "scale": {
             "pools": args.pools,
             "tiers": 4,
