@@ -448,3 +448,27 @@ def test_the_playground_shows_the_examples_planned() -> None:
     assert any(line.startswith("kubectl --kubeconfig") for line in lines)
     rows = {line.split()[1]: line.split() for line in lines if "modelpool.kvpool.dev/" in line}
     assert rows["modelpool.kvpool.dev/llama-8b"][3:5] == ["4", "400000"]  # WARM, KV/REPLICA
+
+
+def test_a_pool_deleted_while_the_operator_was_down_is_cleaned_up(
+    kube_api: KubeApi, tmp_path: Path
+) -> None:
+    op = OperatorProcess(kube_api, tmp_path)
+    try:
+        op.start()
+        given_policy_tenant_and_pool(kube_api)
+        wait_until(lambda: names(kube_api, "poddisruptionbudgets", "policy/v1") == ["chat"])
+        op.stop()
+
+        # When the pool is deleted while no operator runs, its finalizer holds it
+        kube_api.client.delete(mp("chat"))
+        assert kube_api.client.get(mp("chat"))["metadata"]["deletionTimestamp"]
+
+        # Then the restarted operator removes the children and lets the pool go
+        op.start()
+        wait_until(lambda: kube_api.client.request("GET", mp("chat")).status == 404)
+        assert names(kube_api, "deployments", "apps/v1") == []
+        assert names(kube_api, "services") == []
+        assert names(kube_api, "poddisruptionbudgets", "policy/v1") == []
+    finally:
+        op.stop()
