@@ -6,10 +6,11 @@ Redis, ``kvpool operator``, ``kvpool gateway``), when an interactive tenant and 
 flood share the engine for ~30 s, then:
 
 - the ModelPool's capacity is the one the operator *measured* from the engine;
-- interactive requests were served (the point of the product);
+- interactive requests were served, far more of them than of the batch flood, and with
+  less queueing (the point of the product);
 - the gateway's queue-time histogram has observations for both tiers.
 
-Takes ~70-100 s on an idle 2-core machine (engine start ~20-25 s, traffic 30 s).
+Takes ~60-75 s on this 2-core machine (engine start ~20-25 s, traffic 30 s, drain, teardown).
 """
 
 from __future__ import annotations
@@ -80,14 +81,23 @@ def test_quick_demo_serves_interactive_with_measured_capacity(tmp_path: Path) ->
     # 4096 tokens the manifest declares.
     reported = min(results["engine_reported_kv_tokens"])
     assert 0 < results["capacity"]["kvTokensPerReplica"] <= reported, results["capacity"]
-    interactive = results["tiers"]["interactive"]
+    interactive, batch = results["tiers"]["interactive"], results["tiers"]["batch"]
+    table = completed.stdout[completed.stdout.find("Results with kvpool") :][:3000]
+    # Interactive requests succeed: none fails, (nearly) all are served, and far more of
+    # them than of the batch flood, which asks for several times what the pool holds.
     assert interactive["requests"] > 0
-    assert interactive["admitted"] >= 0.9 * interactive["requests"], interactive
+    assert interactive["failed"] == 0, table
+    assert interactive["admitted"] >= 0.8 * interactive["requests"], table
+    served = {
+        t: f["admitted"] / f["requests"] for t, f in results["tiers"].items() if f["requests"]
+    }
+    assert served["interactive"] > served["batch"], table
     assert interactive["ttft_p95"] is not None
+    assert batch["output_tokens"] > 0, table
+    # The gateway's queue time is measured per tier, and batch waits longer than interactive.
     assert set(results["queue_histogram_tiers"]) >= {"interactive", "batch"}
-    for tier in ("interactive", "batch"):
-        figures = results["tiers"][tier]
+    for tier, figures in (("interactive", interactive), ("batch", batch)):
         assert figures["queue_observations"] > 0, (tier, figures)
-        assert figures["queue_p50"] is not None
-        assert figures["queue_p95"] is not None
-    assert results["tiers"]["batch"]["output_tokens"] > 0
+        assert figures["queue_p50"] is not None, (tier, figures)
+        assert figures["queue_p95"] is not None, (tier, figures)
+    assert interactive["queue_p95"] <= batch["queue_p95"], table
