@@ -198,9 +198,13 @@ def start_engines(
 
     Each serves the tiny model as ``tiny`` with a 2 MiB KV cache, ``--max-num-seqs 8`` and
     ``--scheduling-policy priority`` (the request field ``priority`` the gateway sets by tier).
+    With several engines, each is pinned to its own core (``VLLM_CPU_OMP_THREADS_BIND``):
+    left to "auto", they bind their OpenMP threads to the same core and crawl.
     """
     engines = []
+    cores = os.cpu_count() or 1
     for index, port in enumerate(ports):
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)} if len(ports) > 1 else {}
         config = EngineConfig(
             model_dir=model_dir,
             served_model_name=POOL,
@@ -208,6 +212,7 @@ def start_engines(
             max_num_seqs=8,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             scheduling_policy="priority",
+            extra_env=env,
         )
         engine = VllmEngine(config, log_path=workdir / f"engine-{index}.log", port=port)
         stack.callback(engine.stop)
