@@ -40,11 +40,19 @@ tests/integration/test_real_parts.py):
   ~1.5 s and must signal the process group (processes.ManagedProcess does).
 - Decode speed of the tiny model, one sequence: ~800 tokens/s (1900 tokens in ~2 s).
 - ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (streaming with
-  ``stream_options.include_usage``) work; ``usage.prompt_tokens`` of a completion equals
-  the ``tokenizers`` count of the prompt (the tiny tokenizer adds no BOS).
+  ``stream_options.include_usage``: the last event has ``choices: []`` and ``usage``) work.
+  Streaming is usually one event a token, but when the API server lags, vLLM merges the
+  pending deltas into one event (RequestOutputCollector): count tokens from ``usage``.
+  ``usage.prompt_tokens`` of a completion equals the ``tokenizers`` count of the prompt
+  (the tiny tokenizer adds no BOS).
 - With ``--scheduling-policy priority`` the request field ``priority`` orders the waiting
   queue, lower value first (pinned with ``--max-num-seqs 1``: queued low/mid/high run
-  high, mid, low). Without that flag a ``priority`` field is accepted (200); FCFS applies.
+  high, mid, low). The header ``X-Vllm-Priority: N`` overrides the body field (handy for a
+  proxy: no body rewrite). Without the flag a ``priority`` field is accepted (200) and the
+  queue is FCFS. Evidence must come from the engine, not from response arrival order: under
+  load the API server delivers finished responses late and in bunches.
+  ``--enable-per-request-metrics`` adds ``"metrics": {"queue_time_ms",
+  "time_to_first_token_ms", "generation_time_ms", ...}`` to non-streaming responses.
 - Keep ``VLLM_CPU_KVCACHE_SPACE`` unset: it overrides ``--kv-cache-memory-bytes``. We drop it
   from the child's environment.
 """
@@ -231,8 +239,9 @@ class VllmEngine:
         while time.monotonic() < deadline:
             if not self.process.running():
                 raise EngineStartError(
-                    f"vLLM exited with {self.process.returncode()} before becoming healthy; "
-                    f"log {self.log_path}:\n{self.process.log_tail()}"
+                    f"vLLM exited with {self.process.returncode()} before becoming healthy.\n"
+                    f"Errors:\n{self.process.log_errors()}\n"
+                    f"Log {self.log_path} (tail):\n{self.process.log_tail()}"
                 )
             if self.healthy():
                 return
@@ -266,12 +275,18 @@ class VllmEngine:
     def fetch_cache_config(self) -> CacheConfigInfo:
         return parse_cache_config_info(self.fetch_metrics_text())
 
-    def post_json(self, path: str, body: Mapping[str, Any], timeout: float = 60) -> Any:
+    def post_json(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        timeout: float = 60,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """POST a JSON body to the engine and return the decoded JSON answer."""
         request = urllib.request.Request(
             f"{self.base_url}{path}",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=timeout) as resp:

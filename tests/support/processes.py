@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -93,12 +94,28 @@ class ManagedProcess:
             return 0
         return sum(_rss(pid) for pid in [self.pid, *_descendants(self.pid)])
 
+    def log_errors(self, lines: int = 10) -> str:
+        """The last ``lines`` log lines naming an exception (``...Error:``), root causes first.
+
+        A failing vLLM start logs the root cause (e.g. ``ValueError: ... maximum model
+        length is 1920``) far above the end of the log, under several tracebacks.
+        """
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        found = [line for line in text.splitlines() if _ERROR_LINE.search(line)]
+        return "\n".join(found[-lines:])
+
     def log_tail(self, lines: int = 80) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception)\b:")
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
