@@ -120,3 +120,11 @@ async def test_events_are_posted_about_the_object(client: kube.KubeClient) -> No
         "Warning",
         "u1",
     )
+
+
+async def test_a_closed_client_fails_fast_instead_of_retrying(kube_api: KubeApi) -> None:
+    client = kube.KubeClient(kube.KubeConnection(server=kube_api.url), backoff=1.0)
+    await client.get(kube.SERVICES, "default", "x")
+    await client.close()  # the operator is stopping
+    with pytest.raises(kube.ApiError, match="closed"):
+        await client.get(kube.SERVICES, "default", "x")

@@ -142,6 +142,7 @@ class KubeClient:
         self.backoff = backoff
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False  # after close(): no new session, no retries (shutting down)
 
     def _ssl(self) -> ssl.SSLContext | bool:
         if not self.conn.server.startswith("https"):
@@ -154,12 +155,15 @@ class KubeClient:
         return ctx
 
     async def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ApiError(0, "the client is closed (the operator is stopping)")
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=16)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -208,7 +212,7 @@ class KubeClient:
                     retry_after = response.headers.get("Retry-After", "")
                     wait = float(retry_after) if retry_after.isdigit() else delay
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
-                if attempt == self.attempts:
+                if attempt == self.attempts or self._closed:
                     raise ApiError(0, f"{method} {path}: {exc!r}") from exc
                 wait = delay
             log.info("kube %s %s: retry %d in %.1fs", method, path, attempt, wait)
