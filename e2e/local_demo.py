@@ -526,7 +526,8 @@ def keep_running(narrator: Narrator, system: System) -> None:
         f"Prometheus      {system.prometheus.url}\n"
         f"Redis           {system.redis.url}\n"
         + "\n".join(f"Engine {i}        {e.base_url}" for i, e in enumerate(system.engines))
-        + f"\ntry: curl -N {url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+        + f"\ntry: curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-H 'Authorization: Bearer {key}' "
         f'-d \'{{"model":"{POOL}","messages":[{{"role":"user","content":"hi"}}],'
         '"stream":true,"max_tokens":16}\''
     )
