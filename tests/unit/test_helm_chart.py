@@ -51,6 +51,7 @@ VALUE_CASES = {
     "redis-and-servicemonitors": {
         "gateway": {"redisUrl": "redis://redis.kvpool:6379/0", "poolNamespace": "llm"},
         "serviceMonitor": {"enabled": True},
+        "engineMonitor": {"enabled": True},
     },
 }
 
@@ -59,7 +60,7 @@ VALUE_CASES = {
 def test_rendered_builtins_validate_strictly(values: dict[str, Any]) -> None:
     docs = render(values)
 
-    builtins = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    builtins = [d for d in docs if d["kind"] not in {"ServiceMonitor", "PodMonitor"}]
     assert builtins
     for doc in builtins:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -103,6 +104,17 @@ def test_gateway_mounts_the_compiled_config_and_uses_redis() -> None:
     assert "--config=/etc/kvpool/config.json" in args
     assert "--redis=redis://redis.kvpool:6379/0" in args
     assert len(by_kind(docs, "ServiceMonitor")) == 2
+
+
+def test_engine_pod_monitor_relabels_what_the_operator_queries() -> None:
+    docs = render(VALUE_CASES["redis-and-servicemonitors"])
+
+    (monitor,) = by_kind(docs, "PodMonitor")
+    relabelings = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    targets = {r["targetLabel"] for r in relabelings}
+    # the labels kvpool.adapters.prometheus selects and groups engine series by
+    assert {"kvpool_pool", "kvpool_revision", "kvpool_track", "namespace", "pod"} <= targets
+    assert by_kind(render(), "PodMonitor") == []
 
 
 BAD_VALUES = {
