@@ -360,7 +360,8 @@ class PhaseResult:
 
     tiers: list[TierResult]
     engine: EngineDelta
-    duration: float
+    duration: float  # seconds of arrivals
+    elapsed: float  # seconds from the first request to the last answer (arrivals + drain)
 
 
 def traffic_classes(system: System, options: DemoOptions) -> list[TrafficClass]:
@@ -381,15 +382,17 @@ def run_phase(
 ) -> tuple[PhaseResult, list[Sample]]:
     """Drive the traffic at ``base_urls``; measure the engines' counters around it."""
     before = [parse_samples(e.fetch_metrics_text()) for e in system.engines]
+    started = time.monotonic()
     records: list[RequestRecord] = asyncio.run(
         drive_traffic(
             base_urls, POOL, traffic_classes(system, options), duration, drain_seconds=drain_seconds
         )
     )
+    elapsed = time.monotonic() - started
     after = [parse_samples(e.fetch_metrics_text()) for e in system.engines]
     samples = parse_samples(fetch_text(f"{system.gateway_url}/metrics")) if gateway_metrics else []
-    tiers = [build_tier_result(t, records, samples, duration) for t in TIERS]
-    return PhaseResult(tiers, build_engine_delta(before, after), duration), samples
+    tiers = [build_tier_result(t, records, samples, elapsed) for t in TIERS]
+    return PhaseResult(tiers, build_engine_delta(before, after), duration, elapsed), samples
 
 
 def run_with_kvpool(
@@ -456,6 +459,24 @@ def summarise(result: PhaseResult) -> str:
     )
 
 
+def compare(kvpool: PhaseResult, baseline: PhaseResult) -> str:
+    """The with/without comparison, tier by tier (computed from the two tables)."""
+    with_, without = ({t.tier: t for t in r.tiers} for r in (kvpool, baseline))
+    lines = []
+    for tier in TIERS:
+        a, b = with_[tier], without[tier]
+        lines.append(
+            f"{tier:<12} TTFT p95 {_ms(a.ttft_p95):>8} with kvpool vs {_ms(b.ttft_p95):>8} "
+            f"without; served {a.admitted}/{a.requests} vs {b.admitted}/{b.requests}; "
+            f"{a.tokens_per_second:g} vs {b.tokens_per_second:g} output tokens/s"
+        )
+    lines.append(
+        f"engine preemptions: {kvpool.engine.preemptions} in {kvpool.duration:.0f} s with kvpool "
+        f"vs {baseline.engine.preemptions} in {baseline.duration:.0f} s without"
+    )
+    return "\n".join(lines)
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
@@ -478,6 +499,7 @@ def build_results(
         "generated_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": " ".join(["python -m e2e.local_demo", *sys.argv[1:]]),
         "duration_seconds": options.duration,
+        "elapsed_seconds": round(kvpool.elapsed, 1),
         "engines": options.engines,
         "rates_per_second": {"interactive": options.interactive_rate, "batch": options.batch_rate},
         "capacity": status.get("capacity"),
@@ -498,6 +520,7 @@ def build_results(
     if baseline is not None:
         document["baseline"] = {
             "duration_seconds": baseline.duration,
+            "elapsed_seconds": round(baseline.elapsed, 1),
             "drain_seconds": BASELINE_DRAIN_SECONDS,
             "tiers": {t.tier: _asdict(t) for t in baseline.tiers},
             "engine": _asdict(baseline.engine),
@@ -544,6 +567,9 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         system = bring_up(stack, options, narrator)
         kvpool, samples, memory = run_with_kvpool(system, options, narrator)
         baseline = run_baseline(system, options, narrator) if options.baseline_duration else None
+        if baseline is not None:
+            narrator.step("With kvpool vs without")
+            narrator.say(compare(kvpool, baseline))
         document = build_results(options, narrator, system, kvpool, samples, memory, baseline)
         write_results(options.results, document)
         narrator.say(f"results written to {options.results}")

@@ -143,7 +143,7 @@ class TierResult:
     queue_p95: float | None
     queue_observations: int  # admissions the histogram counted
     output_tokens: int  # completion tokens received
-    tokens_per_second: float  # output_tokens / traffic duration
+    tokens_per_second: float  # output_tokens / seconds from the first send to the last answer
     decisions: dict[str, int] = field(default_factory=dict)  # gateway outcome -> count
     refusals: dict[str, int] = field(default_factory=dict)  # client-seen error code -> count
 
@@ -152,9 +152,12 @@ def build_tier_result(
     tier: str,
     records: Sequence[RequestRecord],
     gateway_samples: Sequence[Sample],
-    duration: float,
+    elapsed: float,
 ) -> TierResult:
-    """Figures of one tier from the client's records and the gateway's metrics."""
+    """Figures of one tier from the client's records and the gateway's metrics.
+
+    ``elapsed``: seconds from the first request sent to the last answer (traffic + drain).
+    """
     mine = [r for r in records if r.tier == tier]
     admitted = [r for r in mine if r.status == 200]
     rejected = [r for r in mine if 400 <= r.status < 600 and r.status != 200]
@@ -188,7 +191,7 @@ def build_tier_result(
         queue_p95=histogram_quantile(buckets, 0.95),
         queue_observations=int(buckets[-1][1]) if buckets else 0,
         output_tokens=output_tokens,
-        tokens_per_second=round(output_tokens / duration, 1) if duration > 0 else 0.0,
+        tokens_per_second=round(output_tokens / elapsed, 1) if elapsed > 0 else 0.0,
         decisions=decisions,
         refusals=refusals,
     )

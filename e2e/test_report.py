@@ -161,7 +161,7 @@ def test_build_tier_result_splits_what_the_client_saw(
     records: list[RequestRecord], tier: str, expected: dict[str, object]
 ) -> None:
     samples = parse_samples(gateway_metrics(interactive=(3, 0), batch=(1, 3)))
-    result = build_tier_result(tier, records, samples, duration=10.0)
+    result = build_tier_result(tier, records, samples, elapsed=10.0)
     for field, value in expected.items():
         actual = getattr(result, field)
         assert actual == (pytest.approx(value) if isinstance(value, float) else value), field
@@ -178,7 +178,7 @@ def test_queue_quantiles_are_per_tier(
     tier: str, observations: int, p50_at_most: float, p95_at_least: float
 ) -> None:
     samples = parse_samples(gateway_metrics(interactive=(3, 0), batch=(1, 3)))
-    result = build_tier_result(tier, [], samples, duration=10.0)
+    result = build_tier_result(tier, [], samples, elapsed=10.0)
     assert result.queue_observations == observations
     assert result.queue_p50 is not None
     assert result.queue_p95 is not None
