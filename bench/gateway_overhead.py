@@ -7,11 +7,12 @@ least **2,000 admission decisions per second on one core**.
 Part 1 - added latency. An OpenAI-compatible upstream that streams ``--chunks`` chunks
 ``--chunk-delay`` apart (a fake engine in its own process: a real CPU engine's own noise at
 100 streams is tens of milliseconds and would hide what we measure) is called by 100
-concurrent streaming clients, **directly** and **through a ``kvpool gateway`` process**
-(auth, classify, tokenizer-free estimate, budget, admission, routing, stream relay with
-usage metering). Rounds alternate direct/gateway so background load hits both alike. Per
-request we record time to first chunk (TTFT) and total time; "added" is the gateway's
-percentile minus the direct one.
+concurrent streaming clients **directly** and, *at the same time*, by 100 more **through a
+``kvpool gateway`` process** (auth, classify, tokenizer-free estimate, budget, admission,
+routing, stream relay with usage metering), so whatever else the shared machine does hits
+both alike. Per request we record time to first chunk (TTFT) and total time; "added" is the
+gateway's percentile minus the direct one. The gateway process's CPU time per request is
+reported too: it does not depend on the machine's load.
 
 Part 2 - decisions per second on one core (this process pinned to one CPU): the gateway's
 whole decision path without the network - ``Gateway.admit`` (auth, body parse, classify,
@@ -194,22 +195,28 @@ async def measure_latency(args: argparse.Namespace, workdir: Path) -> dict[str, 
                 )
             per_round = max(1, args.requests // args.rounds)
             for _ in range(args.rounds):
-                for name, base in targets.items():
-                    cpu_before = process_cpu_seconds(gateway.process.pid)
-                    ttfts, totals, errs = await run_load(
-                        session,
-                        base,
-                        requests=per_round,
-                        concurrency=args.concurrency,
-                        chunks=args.chunks,
-                        chunk_delay=args.chunk_delay,
-                        deadline=deadline,
+                # both targets loaded at the same time (100 streams each): whatever else
+                # the machine does hits direct and gateway requests alike
+                cpu_before = process_cpu_seconds(gateway.process.pid)
+                rounds = await asyncio.gather(
+                    *(
+                        run_load(
+                            session,
+                            base,
+                            requests=per_round,
+                            concurrency=args.concurrency,
+                            chunks=args.chunks,
+                            chunk_delay=args.chunk_delay,
+                            deadline=deadline,
+                        )
+                        for base in targets.values()
                     )
+                )
+                gateway_cpu += process_cpu_seconds(gateway.process.pid) - cpu_before
+                for name, (ttfts, totals, errs) in zip(targets, rounds, strict=True):
                     samples[name]["ttft"] += ttfts
                     samples[name]["total"] += totals
                     errors[name] += errs
-                    if name == "gateway":
-                        gateway_cpu += process_cpu_seconds(gateway.process.pid) - cpu_before
     finally:
         gateway.stop()
         engine.kill()
@@ -343,7 +350,8 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    added_p99 = latency["added"]["total_p99_ms"]
+    # the headline: the larger of the p99 added to the first token and to the whole stream
+    added_p99 = max(latency["added"]["ttft_p99_ms"], latency["added"]["total_p99_ms"])
     best_decisions = decisions["memory"]["per_second"]
     result = {
         "benchmark": "gateway_overhead",
