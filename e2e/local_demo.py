@@ -2,7 +2,7 @@
 
 Run from the repo root with the project's venv (``make demo`` does this)::
 
-    .venv/bin/python -m e2e.local_demo                # 60 s with kvpool + 30 s baseline, ~3 min
+    .venv/bin/python -m e2e.local_demo                # 60 s with kvpool + 30 s baseline, ~2.5 min
     .venv/bin/python -m e2e.local_demo --quick        # 30 s of traffic, no baseline (smoke run)
     .venv/bin/python -m e2e.local_demo --engines 2    # two engine replicas
     .venv/bin/python -m e2e.local_demo --keep-running # leave it up, print URLs, Ctrl-C ends
