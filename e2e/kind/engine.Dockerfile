@@ -16,5 +16,7 @@ RUN python3 -c 'import dataclasses, json, tiny_model; print(json.dumps(dataclass
  && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 make_tiny_model.py /models/tiny "$(cat spec.json)" \
  && chmod -R a+rX /models
 ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
-WORKDIR /
+# vLLM writes caches under $HOME: give the non-root user a home.
+RUN useradd --uid 10001 --create-home vllm
+WORKDIR /home/vllm
 USER 10001
