@@ -246,24 +246,36 @@ def start_gateway(
     return gateway, url
 
 
+class Watched(Protocol):
+    """A running component :func:`wait_until` can watch (ManagedProcess, DemoPrometheus)."""
+
+    def running(self) -> bool: ...
+
+    def log_tail(self) -> str: ...
+
+
 def wait_until(
     predicate: Callable[[], Any],
     timeout: float,
     what: str,
-    process: Any = None,
+    process: Watched | None = None,
     interval: float = 0.5,
 ) -> Any:
-    """Poll until ``predicate()`` is truthy; fail with the process' log tail if it died."""
+    """Poll until ``predicate()`` is truthy and return its value.
+
+    Fails early, with the component's log tail, if ``process`` exits; on a timeout the
+    message also ends with its log tail (the operator's log says why a status is missing).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         if process is not None and not process.running():
-            tail = process.log_tail() if callable(getattr(process, "log_tail", None)) else ""
-            raise RuntimeError(f"{what}: the process exited\n{tail}")
+            raise RuntimeError(f"{what}: the process exited\n{process.log_tail()}")
         time.sleep(interval)
-    raise TimeoutError(f"{what}: not after {timeout:.0f} s")
+    tail = f"\nlast log lines:\n{process.log_tail()}" if process is not None else ""
+    raise TimeoutError(f"{what}: not after {timeout:.0f} s{tail}")
 
 
 def http_ok(url: str) -> bool:
