@@ -1,18 +1,18 @@
 """Does kvpool protect an interactive tenant from a batch flood on one real engine?
 
 Why this benchmark exists: it is the claim of the project. One real vLLM engine on CPU
-(tiny model, 1 MiB of KV = 1024 tokens, 8 sequences) serves an **interactive** tenant
+(tiny model, 2 MiB of KV = 2048 tokens, 16 sequences) serves an **interactive** tenant
 (steady Poisson chat, short prompts, 16 output tokens, streamed) and a **batch** tenant
 flooding long prompts with long outputs (closed loop, ``--batch-workers`` at once, each
-needing ~350 KV tokens: together several times the KV cache). Same seeded arrival
+needing ~360 KV tokens: together 1.4x the KV cache). Same seeded arrival
 schedule in every scenario:
 
 - ``alone``        the interactive tenant alone, direct (the floor no policy can beat);
 - ``batch-alone``  the batch tenant alone, direct (its throughput with the engine to itself);
 - ``fcfs``         both direct, engine ``--scheduling-policy fcfs``;
 - ``priority``     both direct, engine priority scheduling, interactive priority 0, batch 1;
-- ``kvpool``       both through a ``kvpool gateway`` process (tiers interactive 50 % floor,
-                   never lent; batch 30 %; 20 % shared; the gateway sets engine
+- ``kvpool``       both through a ``kvpool gateway`` process (tiers interactive 40 % floor,
+                   never lent; batch 40 %; 20 % shared; the gateway sets engine
                    priorities and reserves KV per request) on the priority engine.
 
 Two engines run (one FCFS, one priority; prefix caching off so repeated prompts do not get
@@ -24,7 +24,7 @@ time (mean, ``vllm:request_queue_time_seconds``), the gateway's queue time per t
 (kvpool), batch output tokens per second, engine preemptions
 (``vllm:num_preemptions_total``), and rejections. Targets (from the issue): through kvpool,
 interactive p95 TTFT within 1.5x of ``alone``, while batch keeps at least its floor share
-(30 %) of its ``batch-alone`` token throughput.
+(40 %) of its ``batch-alone`` token throughput.
 
     .venv/bin/python bench/protection.py            # full: 80 s a scenario in 4 rounds (~8 min)
     .venv/bin/python bench/protection.py --quick    # smoke: 16 s a scenario, 2 rounds (~3 min)
@@ -62,9 +62,10 @@ from tests.support.tiny_model import tiny_model_dir
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
 REPO = Path(__file__).resolve().parent.parent
-KV_BYTES = 1024 * 1024  # 1024 tokens of the tiny model
+KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
+MAX_NUM_SEQS = 16
 INTERACTIVE_KEY, BATCH_KEY = "sk-interactive", "sk-batch"
-BATCH_FLOOR_PERCENT = 30
+BATCH_FLOOR_PERCENT = 40
 TARGET_TTFT_RATIO = 1.5
 
 WORDS = [
@@ -371,14 +372,14 @@ def _round(value: float | None) -> float | None:
 def gateway_config(engine: VllmEngine) -> ConfigBuilder:
     return (
         ConfigBuilder()
-        .tier("interactive", floor=50, lend=0, wait=5.0)
+        .tier("interactive", floor=40, lend=0, wait=5.0)
         .tier("batch", floor=BATCH_FLOOR_PERCENT, lend=100, wait=60.0)
         .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
         .pool(
             "tiny",
             [engine.base_url],
             tokens_per_replica=KV_BYTES // 1024,
-            slots_per_replica=8,
+            slots_per_replica=MAX_NUM_SEQS,
             max_model_len=512,
             output_p95=64,
             tokenizer_path=tiny_model_dir() / "tokenizer.json",
@@ -399,7 +400,7 @@ def start_engine(policy: str, workdir: Path) -> VllmEngine:
         served_model_name="tiny",
         kv_cache_memory_bytes=KV_BYTES,
         block_size=32,
-        max_num_seqs=8,
+        max_num_seqs=MAX_NUM_SEQS,
         max_model_len=512,
         scheduling_policy=policy,
         extra_args=("--no-enable-prefix-caching",),  # repeated prompts must not get cheaper
@@ -490,7 +491,7 @@ def main() -> int:
             "batch_workers": args.batch_workers,
             "batch_output_tokens": args.batch_output,
             "kv_tokens": KV_BYTES // 1024,
-            "max_num_seqs": 8,
+            "max_num_seqs": MAX_NUM_SEQS,
             "seed": args.seed,
             "rounds": args.rounds,
         },
