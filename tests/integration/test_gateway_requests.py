@@ -390,6 +390,30 @@ async def test_queue_wait_beyond_the_tier_promise_is_rejected_at_once(
     assert all("Retry-After" in r.headers for r in rejected)
 
 
+async def test_plan_share_splits_the_plan_between_gateway_replicas(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Two gateways at 50% each admit, together, no more than the plan: 2 slots -> 1 each."""
+    engine.delay = 1.0
+    config = (
+        ConfigBuilder()
+        .tier("batch", floor=100, wait=0.2)
+        .pool("tiny", [engine.url], slots_per_replica=2)
+        .tenant("acme", key="sk-acme", tiers=["batch"])
+        .obj()
+    )
+    client, gateway = await start_gateway(config, plan_share_percent=50)
+
+    assert gateway.runtimes["tiny"].pool.slots_per_replica == 1
+    results = await asyncio.gather(
+        *(
+            client.post("/v1/completions", json=completion(max_tokens=2), headers=ACME)
+            for _ in range(2)
+        )
+    )
+    assert sorted(r.status for r in results) == [200, 503]
+
+
 async def test_session_pool_reuses_connections(engine: FakeEngine, start_gateway: Start) -> None:
     client, gateway = await start_gateway(standard_config([engine.url]).obj())
     for _ in range(5):

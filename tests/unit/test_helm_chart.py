@@ -91,18 +91,26 @@ def test_namespaced_operator_gets_a_role_and_the_flag() -> None:
     assert "--namespace=llm" in args
 
 
-def test_gateway_mounts_the_compiled_config_and_uses_redis() -> None:
+def test_gateway_reads_the_compiled_config_shares_the_plan_and_uses_redis() -> None:
     docs = render(VALUE_CASES["redis-and-servicemonitors"])
 
     gateway = next(
         d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("gateway")
     )
     assert gateway["metadata"]["namespace"] == "llm"
-    pod = gateway["spec"]["template"]["spec"]
-    assert pod["volumes"][0]["configMap"]["name"] == "kvpool-admission"
-    args = pod["containers"][0]["args"]
-    assert "--config=/etc/kvpool/config.json" in args
+    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--configmap=llm" in args
+    assert "--plan-share=50" in args  # two replicas, each admits against half the plan
     assert "--redis=redis://redis.kvpool:6379/0" in args
+    (role,) = by_kind(docs, "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["kvpool-admission"],
+            "verbs": ["get", "watch"],
+        }
+    ]
     assert len(by_kind(docs, "ServiceMonitor")) == 2
 
 

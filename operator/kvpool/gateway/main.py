@@ -77,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="fail-open allowance per process while Redis is down, share of each limit",
     )
+    parser.add_argument(
+        "--plan-share",
+        type=int,
+        default=100,
+        metavar="PERCENT",
+        help=(
+            "share of each pool's plan this replica admits against: 100/N when N gateway "
+            "replicas serve the same pools (admission state is per process; default 100)"
+        ),
+    )
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--upstream-timeout", type=float, default=600.0)
     parser.add_argument(
@@ -131,6 +141,7 @@ async def serve(args: argparse.Namespace) -> int:
         upstream_timeout=args.upstream_timeout,
         set_engine_priority=not args.no_engine_priority,
         access_log=not args.no_access_log,
+        plan_share_percent=args.plan_share,
     )
     gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
     runner = web.AppRunner(
@@ -182,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
         format="%(message)s" if args.log_level.upper() != "DEBUG" else "%(name)s %(message)s",
         stream=sys.stderr,
     )
+    if not 1 <= args.plan_share <= 100:
+        print("kvpool gateway: --plan-share must be 1-100 (percent)", file=sys.stderr)
+        return 2
     try:
         return _run_loop(serve(args))
     except ConfigError as exc:

@@ -61,6 +61,7 @@ from kvpool.domain.admission import Admit, build_admission_request
 from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
 from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
 from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
+from kvpool.domain.partition import partition_pool
 from kvpool.domain.routing import NoTrack, decide_track
 from kvpool.gateway.errors import (
     AUTHENTICATION,
@@ -99,6 +100,7 @@ class GatewaySettings:
     set_engine_priority: bool = True  # engines run --scheduling-policy priority
     replica_retry_seconds: float = 2.0  # an unreachable replica rests this long
     access_log: bool = True
+    plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,9 @@ class Gateway:
 
     def _sync_runtimes(self, index: ConfigIndex) -> None:
         names = {p.name for p in index.config.pools}
-        for pool in index.config.pools:
-            tiers = index.tiers_of(pool)
+        for compiled in index.config.pools:
+            tiers = index.tiers_of(compiled)
+            pool = partition_pool(compiled, self.settings.plan_share_percent)
             runtime = self.runtimes.get(pool.name)
             if runtime is None:
                 self.runtimes[pool.name] = PoolRuntime(

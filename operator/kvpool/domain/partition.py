@@ -1,0 +1,62 @@
+"""Split a pool's admission plan between several gateway replicas.
+
+Why it exists: admission state (reservations, queues) lives in each gateway process.
+With N gateway replicas behind one Service, each admitting against the *whole* plan
+would let the engines be committed up to N times over. Until admission state is shared,
+each replica enforces an equal share of the plan (``--plan-share``, 100/N percent): its
+floors, lendable parts, shared remainder and per-replica capacity are all scaled, so the
+sum over the gateway replicas never exceeds the plan. The cost is rounding (each share is
+floored) and imperfect use when traffic is unevenly spread over the gateway replicas;
+the Service spreads connections evenly, which is what makes equal shares reasonable.
+
+Worked example: a plan of 1,843 tokens / 8 slots per replica with an interactive floor of
+1,197 tokens / 5 slots, at a 50% share, becomes 921 tokens / 4 slots per replica and an
+interactive floor of 598 tokens / 2 slots in each of two gateways.
+"""
+
+from __future__ import annotations
+
+from kvpool.api.admission_config import CompiledPool, TierAllocation
+
+
+def _share(value: int, percent: int) -> int:
+    return value * percent // 100
+
+
+def partition_pool(pool: CompiledPool, share_percent: int) -> CompiledPool:
+    """The part of ``pool``'s plan one gateway replica may admit against.
+
+    >>> from kvpool.api.admission_config import CompiledPool
+    >>> # see tests/unit/test_partition.py for tables of cases
+    """
+    if not 1 <= share_percent <= 100:
+        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+    if share_percent == 100:
+        return pool
+    tiers = {
+        name: TierAllocation(
+            floor_tokens=_share(t.floor_tokens, share_percent),
+            floor_slots=_share(t.floor_slots, share_percent),
+            lendable_tokens=_share(t.lendable_tokens, share_percent),
+            lendable_slots=_share(t.lendable_slots, share_percent),
+        )
+        for name, t in pool.tiers.items()
+    }
+    tokens_per_replica = _share(pool.tokens_per_replica, share_percent)
+    slots_per_replica = _share(pool.slots_per_replica, share_percent)
+    # totals are shares of the totals (not per-replica shares times replicas), so that
+    # the floored floors always fit in them: sum(floor(f * p)) <= floor(sum(f) * p)
+    total_tokens = _share(pool.total_tokens, share_percent)
+    total_slots = _share(pool.total_slots, share_percent)
+    return pool.model_copy(
+        update={
+            "tokens_per_replica": tokens_per_replica,
+            "slots_per_replica": slots_per_replica,
+            "total_tokens": total_tokens,
+            "total_slots": total_slots,
+            "tiers": tiers,
+            # what the floors leave, after rounding, is shared by priority
+            "shared_tokens": total_tokens - sum(t.floor_tokens for t in tiers.values()),
+            "shared_slots": total_slots - sum(t.floor_slots for t in tiers.values()),
+        }
+    )
