@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help
 help: ## list targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,11 @@ engine: ## install the vLLM CPU engine into .cache/vllm-venv (cached)
 deps: venv system-deps engine ## everything the tests need
 
 .PHONY: demo
-demo: venv ## the main job: validate the examples and print their admission plan
+demo: deps ## the main job: the local end-to-end demo (operator, gateway, real engine, traffic)
+	$(PY) -m e2e.local_demo $(DEMO_ARGS)
+
+.PHONY: plan
+plan: venv ## validate examples/ and print their admission plan (no engines needed)
 	$(BIN)/kvpool validate -f examples/
 	$(BIN)/kvpool plan -f examples/ --kv-tokens-per-replica 200000
 
@@ -63,11 +67,27 @@ unit: venv ## unit tests only (fast, no real engines)
 
 .PHONY: test
 test: deps lint ## the whole suite: lint, types, import contracts, unit and integration tests
-	$(BIN)/pytest tests $(PYTEST_ARGS)
+	$(BIN)/pytest tests e2e $(PYTEST_ARGS)
 
 .PHONY: bench
-bench: deps ## run the benchmarks (writes bench/results/)
+bench: deps ## run every benchmark (writes bench/results/; ~20 min)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+.PHONY: bench-protection
+bench-protection: deps ## interactive TTFT under a batch flood: alone, FCFS, engine priority, kvpool
+	$(PY) bench/protection.py $(if $(QUICK),--quick)
+
+.PHONY: bench-gateway
+bench-gateway: deps ## gateway added latency at 100 streams and decisions/s
+	$(PY) bench/gateway_overhead.py $(if $(QUICK),--quick)
+
+.PHONY: bench-admission
+bench-admission: venv ## admission decisions/s on one core vs a naive FIFO admitter
+	$(PY) bench/admission_decisions.py
+
+.PHONY: bench-operator
+bench-operator: venv ## 1,000 pools x 4 tiers and 5,000 tenants against the API emulator
+	$(PY) bench/operator_scale.py $(if $(QUICK),--quick)
 
 .PHONY: clean
 clean: ## remove caches (keeps the vLLM venv)
