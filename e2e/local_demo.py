@@ -10,7 +10,8 @@ Run from the repo root with the project's venv (``make demo`` does this)::
 Why it exists: it shows the product's point end to end - the operator *measures* the
 engines' KV capacity, plans a floor per tier and publishes the compiled admission config;
 the gateway enforces it, so an interactive tenant keeps its latency while a batch tenant
-floods the same engines - with every component real except the cluster itself. A baseline
+floods the same engines (at twice what they serve, measured at start-up) - with every
+component real except the cluster itself. A baseline
 phase then sends the same traffic straight to the engines (no kvpool) for comparison.
 
 What is real: ``kvpool operator`` and ``kvpool gateway`` (subprocesses of this repo's code,
@@ -108,7 +109,13 @@ from e2e.report import (
     format_table,
     parse_samples,
 )
-from e2e.traffic import TrafficClass, build_batch, build_interactive, drive_traffic
+from e2e.traffic import (
+    TrafficClass,
+    build_batch,
+    build_interactive,
+    drive_traffic,
+    measure_saturated_rate,
+)
 from kvpool.api.admission_config import AdmissionConfig
 
 RESULTS = REPO / "bench" / "results" / "local_demo.json"
@@ -116,6 +123,7 @@ INTERACTIVE_SECRET = "tenant-chat-app"  # e2e/manifests/30-tenants.yaml
 BATCH_SECRET = "tenant-bulk-summarizer"
 TIERS = ("interactive", "batch")
 BASELINE_DRAIN_SECONDS = 20.0  # direct-to-engine requests still queued then are abandoned
+FLOOD_FACTOR = 2.0  # the batch tenant sends this many times what the engines can serve
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class DemoOptions:
     engines: int  # vLLM engine replicas (1 or 2)
     keep_running: bool  # leave everything up after the report, until Ctrl-C
     interactive_rate: float  # interactive requests per second (Poisson)
-    batch_rate: float  # batch requests per second (Poisson): far above what the pool holds
+    batch_rate: float | None  # batch requests/s (Poisson); None: FLOOD_FACTOR x measured
     workdir: Path  # logs, rendered manifests, Prometheus data
     results: Path  # where the JSON results go
 
@@ -150,7 +158,12 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
     parser.add_argument("--engines", type=int, choices=(1, 2), default=1, help="engine replicas")
     parser.add_argument("--keep-running", action="store_true", help="stay up until Ctrl-C")
     parser.add_argument("--interactive-rate", type=float, default=1.5, help="requests/s")
-    parser.add_argument("--batch-rate", type=float, default=6.0, help="requests/s per engine")
+    parser.add_argument(
+        "--batch-rate",
+        type=float,
+        default=None,
+        help=f"requests/s (default: {FLOOD_FACTOR:g} x what the engines serve, measured)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new /tmp dir")
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
@@ -163,7 +176,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         engines=args.engines,
         keep_running=args.keep_running,
         interactive_rate=args.interactive_rate,
-        batch_rate=args.batch_rate * args.engines,
+        batch_rate=args.batch_rate,
         workdir=workdir.resolve(),
         results=args.results.resolve(),
     )
@@ -211,6 +224,8 @@ class System:
     config: AdmissionConfig  # the compiled config the operator published
     gateway: ManagedProcess | None = None
     gateway_url: str = ""
+    saturated_rate: float | None = None  # batch requests/s the engines serve (measured)
+    batch_rate: float = 0.0  # batch requests/s the batch tenant sends
 
 
 # --- bring-up, one step of the story each ------------------------------------------------------
@@ -348,7 +363,26 @@ def bring_up(stack: contextlib.ExitStack, options: DemoOptions, narrator: Narrat
     gateway_target = ScrapeTarget(system.gateway_url.removeprefix("http://"), {"role": "gateway"})
     prometheus.set_targets([*targets, gateway_target])
     warm_up(engines)
+    calibrate_flood(narrator, system, options)
     return system
+
+
+def calibrate_flood(narrator: Narrator, system: System, options: DemoOptions) -> None:
+    """Set the batch rate: ``FLOOD_FACTOR`` x what the engines serve when saturated, measured
+    now (straight to each engine), so the batch tenant floods whatever this machine's
+    speed at the moment; ``--batch-rate`` overrides."""
+    if options.batch_rate is not None:
+        system.batch_rate = options.batch_rate
+        return
+    probe = build_batch("", 1.0)
+    rates = [asyncio.run(measure_saturated_rate(e.base_url, POOL, probe)) for e in system.engines]
+    system.saturated_rate = round(sum(rates), 2)
+    system.batch_rate = round(FLOOD_FACTOR * system.saturated_rate, 1)
+    narrator.say(
+        f"calibration: 8 batch requests at once, straight to each engine, complete at "
+        f"{system.saturated_rate:g} requests/s in all; the batch tenant will send "
+        f"{FLOOD_FACTOR:g}x that: {system.batch_rate:g}/s"
+    )
 
 
 # --- traffic phases ----------------------------------------------------------------------------
@@ -368,7 +402,7 @@ def traffic_classes(system: System, options: DemoOptions) -> list[TrafficClass]:
     """The two tenants' traffic, with their API keys from the manifests."""
     return [
         build_interactive(api_key(system.docs, INTERACTIVE_SECRET), options.interactive_rate),
-        build_batch(api_key(system.docs, BATCH_SECRET), options.batch_rate),
+        build_batch(api_key(system.docs, BATCH_SECRET), system.batch_rate),
     ]
 
 
@@ -402,7 +436,7 @@ def run_with_kvpool(
     narrator.step(
         f"Drive traffic through the gateway for {options.duration:.0f} s: interactive chat at "
         f"{options.interactive_rate:g}/s (Poisson, streamed) + batch flood at "
-        f"{options.batch_rate:g}/s of ~370-token requests"
+        f"{system.batch_rate:g}/s of ~370-token requests"
     )
     with narrator.timed("traffic"):
         result, samples = run_phase(
@@ -501,7 +535,8 @@ def build_results(
         "duration_seconds": options.duration,
         "elapsed_seconds": round(kvpool.elapsed, 1),
         "engines": options.engines,
-        "rates_per_second": {"interactive": options.interactive_rate, "batch": options.batch_rate},
+        "rates_per_second": {"interactive": options.interactive_rate, "batch": system.batch_rate},
+        "engines_saturated_batch_rate": system.saturated_rate,
         "capacity": status.get("capacity"),
         "engine_reported_kv_tokens": [
             e.fetch_cache_config().capacity_tokens for e in system.engines

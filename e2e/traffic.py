@@ -192,6 +192,30 @@ async def send_request(
     return RequestRecord(traffic.tier, 200, ttft, time.monotonic() - started, tokens)
 
 
+async def measure_saturated_rate(
+    base_url: str, model: str, traffic: TrafficClass, requests: int = 8, seed: int = 3
+) -> float:
+    """Requests per second one engine completes when ``requests`` of ``traffic`` arrive at
+    once (sent straight to it): what "more than the pool holds" means on this machine now.
+
+    Example: 8 batch requests finishing together after 4.0 s -> 2.0 requests/s.
+    """
+    rng = random.Random(seed)
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        records = await asyncio.gather(
+            *(
+                send_request(session, base_url, traffic, build_body(traffic, model, rng))
+                for _ in range(requests)
+            )
+        )
+        elapsed = time.monotonic() - started
+    served = sum(1 for r in records if r.status == 200)
+    if served == 0:
+        raise RuntimeError(f"calibration: the engine at {base_url} served none of {requests}")
+    return served / elapsed
+
+
 async def _arrivals(
     session: aiohttp.ClientSession,
     base_urls: Sequence[str],
