@@ -11,8 +11,8 @@ Why it exists: it shows the product's point end to end - the operator *measures*
 engines' KV capacity, plans a floor per tier and publishes the compiled admission config;
 the gateway enforces it, so an interactive tenant keeps its latency while a batch tenant
 floods the same engines (at twice what they serve, measured at start-up) - with every
-component real except the cluster itself. A baseline
-phase then sends the same traffic straight to the engines (no kvpool) for comparison.
+component real except the cluster itself. A baseline phase then sends the same traffic
+straight to the engines (no kvpool) for comparison.
 
 What is real: ``kvpool operator`` and ``kvpool gateway`` (subprocesses of this repo's code,
 the same commands a container runs), vLLM CPU engines (``--scheduling-policy priority``,
