@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.prometheus import prometheus_binary
+from tests.support.redis_server import redis_binary
 from tests.support.tiny_model import vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,8 +72,21 @@ def run_quick_demo(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Pa
 @pytest.mark.redis
 @pytest.mark.timeout(DEMO_TIMEOUT_SECONDS + 120)
 def test_quick_demo_serves_interactive_with_measured_capacity(tmp_path: Path) -> None:
-    if not vllm_python().exists():
-        pytest.skip(f"vLLM venv missing at {vllm_python()}: run scripts/ensure-vllm.sh")
+    missing = [
+        what
+        for what, present in (
+            (f"the vLLM venv ({vllm_python()})", vllm_python().exists()),
+            ("prometheus", prometheus_binary() is not None),
+            ("redis-server", redis_binary() is not None),
+            ("kubectl", shutil.which("kubectl") is not None),
+        )
+        if not present
+    ]
+    if missing:
+        message = f"not installed: {', '.join(missing)} (run `make deps`)"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"CI: {message}", pytrace=False)  # CI must have installed them
+        pytest.skip(message)
 
     completed, results_path = run_quick_demo(tmp_path)
 
