@@ -89,6 +89,10 @@ bench-admission: venv ## admission decisions/s on one core vs a naive FIFO admit
 bench-operator: venv ## 1,000 pools x 4 tiers and 5,000 tenants against the API emulator
 	$(PY) bench/operator_scale.py $(if $(QUICK),--quick)
 
+.PHONY: e2e-kind
+e2e-kind: ## kind-based e2e on a real cluster (needs docker, kind and helm; not run by CI here)
+	bash e2e/kind/run.sh
+
 .PHONY: clean
 clean: ## remove caches (keeps the vLLM venv)
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -183,6 +183,21 @@ async def test_caller_priority_is_stripped_and_the_tier_sets_it(
     assert not sent & {"x-priority", "priority", "x-request-priority", "authorization"}
 
 
+async def test_upstream_body_is_json_whatever_the_caller_declared(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """``curl -d`` declares a form body; the engine must still be told it gets JSON."""
+    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    form_typed = {**ACME, "Content-Type": "application/x-www-form-urlencoded"}
+
+    resp = await client.post(
+        "/v1/completions", data=json.dumps(completion(max_tokens=2)), headers=form_typed
+    )
+
+    assert resp.status == 200
+    assert engine.headers[0]["Content-Type"] == "application/json"
+
+
 @pytest.mark.parametrize(
     ("path", "headers", "tier_priority"),
     [

@@ -39,7 +39,7 @@ from aiohttp import web
 
 from kvpool.gateway.errors import UPSTREAM, GatewayError
 
-FORWARDED_HEADERS = ("Content-Type", "Accept", "User-Agent")
+FORWARDED_HEADERS = ("Accept", "User-Agent")
 SSE_DATA = b"data: "
 SSE_DONE = b"[DONE]"
 SSE_END = b"\n\n"  # vLLM ends every event with a blank line
@@ -94,7 +94,11 @@ def build_upstream_body(body: dict[str, Any], engine_priority: int | None, strea
 
 
 def _forward_headers(request: web.Request) -> dict[str, str]:
-    return {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+    # The body sent upstream is the JSON the gateway parsed and rebuilt, whatever the caller
+    # declared (``curl -d`` says form-encoded), so its type is always application/json.
+    headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+    headers["Content-Type"] = "application/json"
+    return headers
 
 
 def _engine_message(raw: bytes) -> str:
