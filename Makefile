@@ -26,10 +26,11 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## create .venv with kvpool and its test tools
 
 .PHONY: system-deps
-system-deps: ## apt-install prometheus and redis-server when missing (needs root)
-	@if ! command -v prometheus >/dev/null || ! command -v redis-server >/dev/null; then \
+system-deps: ## apt-install prometheus, redis-server and shellcheck when missing (needs root)
+	@if ! command -v prometheus >/dev/null || ! command -v redis-server >/dev/null \
+	    || ! command -v shellcheck >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends prometheus redis-server >/dev/null; \
+	    --no-install-recommends prometheus redis-server shellcheck >/dev/null; \
 	fi
 	@prometheus --version 2>&1 | head -1; redis-server --version
 
