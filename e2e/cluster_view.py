@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 from tests.support.kube import KubeApi, KubeApiError, resource_path
+from tests.support.prometheus import ScrapeTarget
 
-from e2e.components import NAMESPACE, POOL, REPO, ScrapeTarget, kvpool_command
+from e2e.components import NAMESPACE, POOL, REPO, kvpool_command
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
 
 MANIFESTS = REPO / "e2e" / "manifests"

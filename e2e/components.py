@@ -22,7 +22,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +29,7 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.kube import KubeApi, start_kube_api
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
-from tests.support.prometheus import prometheus_binary
+from tests.support.prometheus import PrometheusServer, prometheus_binary
 from tests.support.redis_server import RedisServer, redis_binary
 from tests.support.tiny_model import vllm_python
 
@@ -74,97 +73,19 @@ def start_redis(stack: contextlib.ExitStack, workdir: Path) -> RedisServer:
     return redis.start()
 
 
-@dataclass(frozen=True)
-class ScrapeTarget:
-    """One ``host:port`` Prometheus scrapes, with the labels its series get."""
+def start_prometheus(stack: contextlib.ExitStack, workdir: Path) -> PrometheusServer:
+    """Prometheus scraping every second; targets are added once the engines exist.
 
-    address: str
-    labels: Mapping[str, str]
-
-
-class DemoPrometheus:
-    """Prometheus with file-based service discovery.
-
-    The target file stands in for kubernetes_sd plus the relabeling a cluster's scrape
-    config does (pod labels ``kvpool.dev/*`` -> ``kvpool_*``, namespace, pod name).
-    Prometheus re-reads it within a second of a change, so no reload is needed.
+    Its static targets carry the labels kubernetes_sd plus a cluster's relabeling would give
+    the engine pods (``ScrapeTarget``); ``set_targets`` re-writes them and reloads.
     """
-
-    def __init__(self, work_dir: Path) -> None:
-        binary = prometheus_binary()
-        assert binary is not None  # check_prerequisites ran
-        self.port = free_port()
-        self.targets_file = work_dir / "targets.json"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        self.set_targets([])
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {
-                    "job_name": "kvpool-demo",
-                    "scrape_interval": "1s",
-                    "scrape_timeout": "1s",
-                    "file_sd_configs": [
-                        {"files": [str(self.targets_file)], "refresh_interval": "1s"}
-                    ],
-                }
-            ],
-        }
-        (work_dir / "prometheus.yml").write_text(json.dumps(config, indent=2))
-        self.process = ManagedProcess(
-            [
-                binary,
-                f"--config.file={work_dir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work_dir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            log_path=work_dir / "prometheus.log",
-            env={"PATH": "/usr/bin:/bin"},
-            cwd=work_dir,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def set_targets(self, targets: Sequence[ScrapeTarget]) -> None:
-        """Replace the scraped targets (atomically: write, then rename)."""
-        groups = [{"targets": [t.address], "labels": dict(t.labels)} for t in targets]
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(groups, indent=2))
-        tmp.rename(self.targets_file)
-
-    def start(self, timeout: float = 60.0) -> DemoPrometheus:
-        self.process.start()
-        wait_until(lambda: http_ok(f"{self.url}/-/ready"), timeout, "Prometheus ready", self)
-        return self
-
-    def running(self) -> bool:
-        return self.process.running()
-
-    def log_tail(self) -> str:
-        return self.process.log_tail(20)
-
-    def stop(self) -> None:
-        self.process.stop(timeout=10)
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """An instant query's result vector."""
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        result: list[dict[str, Any]] = fetch_json(url)["data"]["result"]
-        return result
-
-
-def start_prometheus(stack: contextlib.ExitStack, workdir: Path) -> DemoPrometheus:
-    """Prometheus scraping every second; targets are added once the engines exist."""
-    prometheus = DemoPrometheus(workdir / "prometheus")
+    prometheus = PrometheusServer(workdir / "prometheus")
     stack.callback(prometheus.stop)
     return prometheus.start()
 
 
 def start_operator(
-    stack: contextlib.ExitStack, kube: KubeApi, prometheus: DemoPrometheus, workdir: Path
+    stack: contextlib.ExitStack, kube: KubeApi, prometheus: PrometheusServer, workdir: Path
 ) -> ManagedProcess:
     """``kvpool operator`` against the emulator (its kubeconfig), reading Prometheus."""
     argv = kvpool_command(
@@ -247,7 +168,7 @@ def start_gateway(
 
 
 class Watched(Protocol):
-    """A running component :func:`wait_until` can watch (ManagedProcess, DemoPrometheus)."""
+    """A running component :func:`wait_until` can watch (ManagedProcess, PrometheusServer)."""
 
     def running(self) -> bool: ...
 

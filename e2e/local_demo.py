@@ -60,6 +60,7 @@ from tests.support.engine import VllmEngine
 from tests.support.kube import KubeApi
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
+from tests.support.prometheus import PrometheusServer, ScrapeTarget
 from tests.support.redis_server import RedisServer
 from tests.support.tiny_model import tiny_model_dir
 
@@ -84,9 +85,7 @@ from e2e.components import (
     NAMESPACE,
     POOL,
     REPO,
-    DemoPrometheus,
     EngineGroup,
-    ScrapeTarget,
     check_prerequisites,
     fetch_text,
     rss_mib,
@@ -124,6 +123,7 @@ BATCH_SECRET = "tenant-bulk-summarizer"
 TIERS = ("interactive", "batch")
 BASELINE_DRAIN_SECONDS = 20.0  # direct-to-engine requests still queued then are abandoned
 FLOOD_FACTOR = 2.0  # the batch tenant sends this many times what the engines can serve
+SCRAPE_JOB = "vllm"  # the Prometheus job of the engines (and the gateway)
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class System:
     docs: list[dict[str, Any]]  # the demo manifests as written in e2e/manifests
     kube: KubeApi
     redis: RedisServer
-    prometheus: DemoPrometheus
+    prometheus: PrometheusServer
     operator: ManagedProcess
     engines: list[VllmEngine]
     targets: list[ScrapeTarget]  # what Prometheus scrapes (engines)
@@ -246,7 +246,7 @@ def prepare(narrator: Narrator, workdir: Path) -> Path:
 
 def start_infrastructure(
     stack: contextlib.ExitStack, narrator: Narrator, workdir: Path
-) -> tuple[KubeApi, RedisServer, DemoPrometheus, ManagedProcess]:
+) -> tuple[KubeApi, RedisServer, PrometheusServer, ManagedProcess]:
     """The API emulator, Redis, Prometheus, then the operator against them."""
     narrator.step("Start the Kubernetes API emulator, Redis and Prometheus")
     with narrator.timed("infrastructure"):
@@ -296,7 +296,7 @@ def start_and_measure(
     stack: contextlib.ExitStack,
     narrator: Narrator,
     kube: KubeApi,
-    prometheus: DemoPrometheus,
+    prometheus: PrometheusServer,
     operator: ManagedProcess,
     model_dir: Path,
     ports: Sequence[int],
@@ -318,7 +318,7 @@ def start_and_measure(
         lambda: fetch_engine_template_labels(kube), 30, "the engine Deployment", operator
     )
     targets = build_scrape_targets([e.target for e in engines], pod_labels)
-    prometheus.set_targets(targets)
+    prometheus.set_targets({SCRAPE_JOB: targets})
     for target in targets:
         labels = ", ".join(f'{k}="{v}"' for k, v in sorted(target.labels.items()))
         narrator.say(f"{target.address}  {{{labels}}}")
@@ -361,7 +361,7 @@ def bring_up(stack: contextlib.ExitStack, options: DemoOptions, narrator: Narrat
         f"{kube.url} --redis {redis.url}): it polls the operator's ConfigMap"
     )
     gateway_target = ScrapeTarget(system.gateway_url.removeprefix("http://"), {"role": "gateway"})
-    prometheus.set_targets([*targets, gateway_target])
+    prometheus.set_targets({SCRAPE_JOB: [*targets, gateway_target]})
     warm_up(engines)
     calibrate_flood(narrator, system, options)
     return system

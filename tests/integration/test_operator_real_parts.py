@@ -23,41 +23,15 @@ from tests.integration.test_operator import condition, events, given_policy_tena
 from tests.operator_process import run_operator, wait_until
 from tests.support.engine import VllmEngine
 from tests.support.kube import KubeApi
-from tests.support.prometheus import PrometheusServer
+from tests.support.prometheus import PrometheusServer, ScrapeTarget
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 
 
-class LabelledPrometheus(PrometheusServer):
-    """Prometheus whose static targets carry the labels in-cluster relabeling would add."""
-
-    def __init__(self, work_dir: Path, labelled: list[tuple[str, dict[str, str]]]) -> None:
-        self.labelled = list(labelled)
-        super().__init__(work_dir=work_dir, targets={})
-
-    def _write_config(self) -> None:
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {
-                    "job_name": "vllm",
-                    "scrape_interval": "1s",
-                    "scrape_timeout": "1s",
-                    "static_configs": [
-                        {"targets": [t], "labels": labels} for t, labels in self.labelled
-                    ],
-                }
-            ],
-        }
-        self.config_path.write_text(json.dumps(config))
-
-    def relabel(self, labelled: list[tuple[str, dict[str, str]]]) -> None:
-        self.labelled = list(labelled)
-        self.set_targets({})  # re-writes the config through _write_config and reloads
-
-
-def _labels(revision: str, pod: str) -> dict[str, str]:
-    return {"namespace": "default", "kvpool_pool": "chat", "kvpool_revision": revision, "pod": pod}
+def _engine(address: str, revision: str, pod: str) -> dict[str, list[str | ScrapeTarget]]:
+    """The scrape job of one engine pod, labelled as in-cluster relabeling would."""
+    labels = {"namespace": "default", "kvpool_pool": "chat", "kvpool_revision": revision}
+    return {"vllm": [ScrapeTarget(address, {**labels, "pod": pod})]}
 
 
 def _capacity(kube: KubeApi) -> tuple[Any, Any, Any]:
@@ -79,7 +53,7 @@ def test_operator_plans_with_measured_capacity_and_keeps_it_when_prometheus_goes
         small.fetch_cache_config().capacity_tokens,
     ) == (2048, 1024)
 
-    prom = LabelledPrometheus(tmp_path / "prom", [])
+    prom = PrometheusServer(tmp_path / "prom")
     prom.start()
     try:
         with run_operator(kube_api, tmp_path, prometheus_url=prom.url) as operator:
@@ -98,7 +72,7 @@ def test_operator_plans_with_measured_capacity_and_keeps_it_when_prometheus_goes
             revision = status(kube_api)["revision"]
 
             # When Prometheus scrapes the big engine as this pool's revision
-            prom.relabel([(big.target, _labels(revision, "chat-a"))])
+            prom.set_targets(_engine(big.target, revision, "chat-a"))
             # Then the plan uses the measured 2,048 tokens
             wait_until(lambda: _capacity(kube_api) == ("Measured", 2048, 1843), timeout=60)
             st = status(kube_api)
@@ -109,19 +83,16 @@ def test_operator_plans_with_measured_capacity_and_keeps_it_when_prometheus_goes
             assert st["load"]["running"] == 0
 
             # When a second replica of the revision reports half of it: plan with the minimum
-            prom.relabel(
-                [
-                    (big.target, _labels(revision, "chat-a")),
-                    (small.target, _labels(revision, "chat-b")),
-                ]
-            )
+            both = _engine(big.target, revision, "chat-a")["vllm"]
+            both += _engine(small.target, revision, "chat-b")["vllm"]
+            prom.set_targets({"vllm": both})
             wait_until(lambda: _capacity(kube_api) == ("Measured", 1024, 921), timeout=60)
             assert condition(status(kube_api), "Degraded") == ("True", "ReplicasDisagree")
             assert status(kube_api)["plan"]["liveSequencesPerReplica"] == 3
             assert "MeasurementChanged" in wait_until(lambda: events(kube_api))
 
             # When only the small one remains, the replicas agree again
-            prom.relabel([(small.target, _labels(revision, "chat-b"))])
+            prom.set_targets(_engine(small.target, revision, "chat-b"))
             wait_until(
                 lambda: condition(status(kube_api), "Degraded") == ("False", "AsExpected"),
                 timeout=60,

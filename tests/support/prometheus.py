@@ -15,7 +15,9 @@ Usage (the ``prometheus_server`` fixture in tests/conftest.py wraps this)::
 Timing measured here: ready in ~1-2 s; the first scrape of a target lands after ~1-3 s
 (the GUIDE's "first query result after ~7 s" includes Prometheus start-up and the default
 scrape offset); after a reload, new targets are scraped within ~2 s.
-Every series gets ``job`` and ``instance`` (``127.0.0.1:PORT``) labels from the scrape.
+Every series gets ``job`` and ``instance`` (``127.0.0.1:PORT``) labels from the scrape; a
+:class:`ScrapeTarget` adds its own labels, standing in for kubernetes_sd plus the relabeling
+a cluster's scrape config does (pod labels ``kvpool.dev/*`` -> ``kvpool_*``, namespace, pod).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,16 @@ from tests.support.processes import ManagedProcess
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 READY_TIMEOUT_SECONDS = 60.0
 
-Targets = Mapping[str, Sequence[str]]  # job name -> ["127.0.0.1:PORT", ...]
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One ``host:port`` Prometheus scrapes, with the labels its series get."""
+
+    address: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+Targets = Mapping[str, Sequence["str | ScrapeTarget"]]  # job -> ["127.0.0.1:PORT" | target]
 
 
 PrometheusFactory = Callable[..., "PrometheusServer"]
@@ -54,7 +66,8 @@ def build_config(targets: Targets, scrape_interval: str = "1s") -> str:
     """The prometheus.yml text for ``targets`` (JSON is valid YAML, so no YAML writer needed).
 
     Example: ``build_config({"vllm": ["127.0.0.1:24001"]})`` gives one scrape job ``vllm``
-    scraping ``http://127.0.0.1:24001/metrics`` every second.
+    scraping ``http://127.0.0.1:24001/metrics`` every second; a ``ScrapeTarget`` gets a
+    static group of its own carrying its labels.
     """
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -63,12 +76,23 @@ def build_config(targets: Targets, scrape_interval: str = "1s") -> str:
                 "job_name": job,
                 "scrape_interval": scrape_interval,
                 "scrape_timeout": scrape_interval,
-                "static_configs": [{"targets": list(addresses)}],
+                "static_configs": _static_groups(addresses),
             }
             for job, addresses in sorted(targets.items())
         ],
     }
     return json.dumps(config, indent=2) + "\n"
+
+
+def _static_groups(targets: Sequence[str | ScrapeTarget]) -> list[dict[str, Any]]:
+    plain = [t for t in targets if isinstance(t, str)]
+    groups: list[dict[str, Any]] = [{"targets": plain}] if plain else []
+    groups += [
+        {"targets": [t.address], "labels": dict(t.labels)}
+        for t in targets
+        if isinstance(t, ScrapeTarget)
+    ]
+    return groups
 
 
 class PrometheusServer:
@@ -88,7 +112,9 @@ class PrometheusServer:
         self.port = port if port is not None else free_port()
         self.scrape_interval = scrape_interval
         self.config_path = work_dir / "prometheus.yml"
-        self.targets: dict[str, list[str]] = {k: list(v) for k, v in (targets or {}).items()}
+        self.targets: dict[str, list[str | ScrapeTarget]] = {
+            k: list(v) for k, v in (targets or {}).items()
+        }
         work_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         self.process = ManagedProcess(
@@ -137,6 +163,9 @@ class PrometheusServer:
     def stop(self) -> None:
         self.process.stop(timeout=10)
 
+    def running(self) -> bool:
+        return self.process.running()
+
     def log_tail(self, lines: int = 80) -> str:
         return self.process.log_tail(lines)
 
@@ -149,7 +178,7 @@ class PrometheusServer:
             if resp.status != 200:
                 raise RuntimeError(f"prometheus reload answered {resp.status}")
 
-    def add_target(self, job: str, target: str) -> None:
+    def add_target(self, job: str, target: str | ScrapeTarget) -> None:
         """Add one ``host:port`` to ``job`` (created if new) and reload."""
         targets = {k: list(v) for k, v in self.targets.items()}
         targets.setdefault(job, []).append(target)
