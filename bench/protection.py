@@ -19,6 +19,13 @@ Two engines run (one FCFS, one priority; prefix caching off so repeated prompts 
 cheaper), and the scenarios run in interleaved rounds (shuffled each round): the machine's
 background load drifts by minutes and must hit every scenario alike.
 
+CPU placement (``--pin``, the default on two or more cores): the engines run on core 0, the
+load generator and the gateway on core 1. In production the engine computes on a GPU and
+the gateway runs on other CPUs; on this CPU-only machine an unpinned gateway competes with
+the engine for the same two cores, which measures host CPU contention (the proxy's hop
+delayed by the engine's decode threads), not what admission does to the engine.
+``--no-pin`` shows that effect: every scenario then shares both cores with everything.
+
 Reported per scenario: interactive TTFT p50/p95 and e2e p50 (client-side), engine queue
 time (mean, ``vllm:request_queue_time_seconds``), the gateway's queue time per tier
 (kvpool), batch output tokens per second, engine preemptions
@@ -394,7 +401,11 @@ def gateway_config(engine: VllmEngine) -> ConfigBuilder:
     )
 
 
-def start_engine(policy: str, workdir: Path) -> VllmEngine:
+ENGINE_CORE = 0  # with --pin: engines here ...
+CLIENT_CORE = 1  # ... the load generator and the gateway here
+
+
+def start_engine(policy: str, workdir: Path, pin: bool) -> VllmEngine:
     config = EngineConfig(
         model_dir=tiny_model_dir(),
         served_model_name="tiny",
@@ -404,6 +415,7 @@ def start_engine(policy: str, workdir: Path) -> VllmEngine:
         max_model_len=512,
         scheduling_policy=policy,
         extra_args=("--no-enable-prefix-caching",),  # repeated prompts must not get cheaper
+        extra_env={"VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CORE)} if pin else {},
     )
     return VllmEngine(config, log_path=workdir / f"vllm-{policy}.log").start()
 
@@ -421,8 +433,12 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     gateway: GatewayProcess | None = None
     tallies = {name: Tally() for name in ORDER}
     try:
+        if args.pin:  # the engine processes inherit this affinity
+            os.sched_setaffinity(0, {ENGINE_CORE})
         for policy in ("priority", "fcfs"):
-            engines[policy] = await asyncio.to_thread(start_engine, policy, workdir)
+            engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
+        if args.pin:  # from here on: this process and the gateway it starts
+            os.sched_setaffinity(0, {CLIENT_CORE})
         config_path = gateway_config(engines["priority"]).write(workdir / "config.json")
         gateway = GatewayProcess(
             config_path, workdir / "gateway.log", extra_args=("--no-access-log",)
@@ -457,6 +473,12 @@ def main() -> int:
     parser.add_argument("--batch-output", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (4)")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=(os.cpu_count() or 1) >= 2,
+        help="engines on core 0, load generator and gateway on core 1 (default on >= 2 cores)",
+    )
     args = parser.parse_args()
     if args.duration is None:
         args.duration = 16.0 if args.quick else 80.0
@@ -494,6 +516,7 @@ def main() -> int:
             "max_num_seqs": MAX_NUM_SEQS,
             "seed": args.seed,
             "rounds": args.rounds,
+            "pinned": args.pin,
         },
         "scenarios": scenarios,
         "comparison": {
