@@ -34,7 +34,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import random
 import shutil
 import sys
@@ -52,6 +51,7 @@ from tests.gateway_builders import ConfigBuilder, GatewayProcess, serve_fake_eng
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, redis_binary
 
+from benchkit import machine_info, write_results
 from kvpool.adapters.budget_store import BudgetStore, InMemoryBudgetStore, RedisBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
 
@@ -357,12 +357,7 @@ def main() -> int:
         "benchmark": "gateway_overhead",
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine_info(load_before),
         "params": {
             "concurrency": args.concurrency,
             "requests_per_target": args.requests,
@@ -406,9 +401,7 @@ def main() -> int:
             f" ({row['per_decision_us']:.0f} us each, tokenizer={row['tokenizer']})"
             f"   target >= {TARGET_DECISIONS}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    print(f"wrote {write_results(RESULTS, result)}")
     return 0
 
 

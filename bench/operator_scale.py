@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 from tests.builders import make_policy, make_pool  # noqa: E402
 from tests.operator_builders import make_budget, make_secret  # noqa: E402
 
+from benchkit import write_results  # noqa: E402
 from kvpool.api.modelpool import ModelPool  # noqa: E402
 from kvpool.api.tenantbudget import TenantBudget  # noqa: E402
 from kvpool.api.tierpolicy import TierPolicy  # noqa: E402
@@ -298,9 +299,7 @@ def main() -> int:
         )
         print(f"  operator RSS        {e2e['operator_rss_mib']:8.1f} MiB")
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"  written to {RESULTS.relative_to(REPO)}")
+        print(f"  written to {write_results(RESULTS, result)}")
     return 0 if pure["plan_within_target"] else 1
 
 

@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -66,6 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.gateway_builders import ConfigBuilder, GatewayProcess
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
+
+from benchkit import machine_info, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
 REPO = Path(__file__).resolve().parent.parent
@@ -501,12 +501,7 @@ def main() -> int:
         "benchmark": "protection",
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine_info(load_before),
         "params": {
             "duration_s": args.duration,
             "interactive_rate_per_s": args.rate,
@@ -555,9 +550,7 @@ def main() -> int:
         f" (target >= {BATCH_FLOOR_PERCENT / 100}: "
         f"{'met' if comparison['batch_floor_met'] else 'MISSED'})"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    print(f"wrote {write_results(RESULTS, result)}")
     return 0
 
 

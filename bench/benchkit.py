@@ -1,0 +1,32 @@
+"""What every benchmark records about its run, and how it writes its results file.
+
+The machine is shared and its load drifts, so each result carries the load average
+before and after the run next to the figures; results go to ``bench/results/NAME.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def machine_info(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """CPUs, Python and the load average before (given) and after (now) the run."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write_results(path: Path, result: dict[str, Any]) -> Path:
+    """Write ``result`` as indented JSON to ``path``; returns it relative to the repo."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path.relative_to(REPO)
