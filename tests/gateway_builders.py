@@ -370,20 +370,27 @@ class GatewayProcess:
 
     def __init__(
         self,
-        config_path: Path,
+        config_path: Path | None,
         log_path: Path,
         *,
         redis_url: str | None = None,
         extra_args: tuple[str, ...] = (),
+        configmap: tuple[str, str] | None = None,
     ) -> None:
+        """``configmap=(namespace, api_server_url)`` reads the operator's ConfigMap instead
+        of ``config_path``."""
         self.port = free_port()
+        source = (
+            ["--configmap", configmap[0], "--kube-server", configmap[1]]
+            if configmap is not None
+            else ["--config", str(config_path)]
+        )
         argv = [
             sys.executable,
             "-m",
             "kvpool.cli",
             "gateway",
-            "--config",
-            str(config_path),
+            *source,
             "--listen",
             f"127.0.0.1:{self.port}",
             *(["--redis", redis_url] if redis_url else []),

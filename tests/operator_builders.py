@@ -14,7 +14,28 @@ from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
 from tests.builders import PoolBuilder, make_pool, standard_policy
 
-__all__ = ["make_budget", "make_pool", "make_secret", "served_pool", "standard_policy"]
+__all__ = [
+    "declared_pool",
+    "make_budget",
+    "make_pool",
+    "make_secret",
+    "served_pool",
+    "standard_policy",
+]
+
+
+def declared_pool(name: str = "chat", peak: int = 6) -> PoolBuilder:
+    """The pool of the operator's integration tests: declared 3,000 KV tokens per replica,
+    p95 200 + 100 tokens a sequence, interactive peak ``peak``, 1-8 replicas (see
+    tests/integration/test_operator.py for the numbers)."""
+    return (
+        make_pool(name)
+        .lengths((100, 200), (50, 100))
+        .peak(interactive=peak)
+        .replicas(1, 8)
+        .capacity(kvTokensPerReplica=3000)
+        .engine(maxModelLen=2048)  # the declared 3,000 tokens must hold one whole sequence
+    )
 
 
 class BudgetBuilder:

@@ -13,6 +13,8 @@ Why per test: starting it costs ~10 ms, and a fresh API (no objects but the ``de
   code that logs in from the environment, e.g. ``kvpool.adapters.kube.load_connection()``).
   Beware: ``kubernetes.config.load_kube_config()`` without ``config_file`` uses the
   ``KUBECONFIG`` seen when the ``kubernetes`` package was first imported, not this one.
+- ``operator``: a ``kvpool operator`` process (:class:`tests.operator_process.OperatorProcess`,
+  standalone, 1 s measure interval, no Prometheus) against ``kube_api``; stopped at teardown.
 - ``kubectl_installed``: the path of ``kubectl``; a test that needs it fails under CI
   (``CI=true``) and is skipped locally when it is missing.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.operator_process import OperatorProcess, run_operator
 from tests.support.kube import KubeApi, start_kube_api
 
 
@@ -41,6 +44,12 @@ def kube_api(tmp_path: Path) -> Iterator[KubeApi]:
 def kube_api_env(kube_api: KubeApi, monkeypatch: pytest.MonkeyPatch) -> KubeApi:
     monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig))
     return kube_api
+
+
+@pytest.fixture
+def operator(kube_api: KubeApi, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with run_operator(kube_api, tmp_path) as op:
+        yield op
 
 
 @pytest.fixture

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import kmock
-import pytest
 
-from tests.operator_builders import make_budget, make_pool, make_secret, standard_policy
-from tests.operator_process import OperatorProcess, run_operator, wait_until
+from tests.operator_builders import declared_pool, make_budget, make_secret, standard_policy
+from tests.operator_process import OperatorProcess, wait_until
 from tests.support.kube import KubeApi, resource_path
 
 NS = "default"
@@ -55,13 +54,7 @@ def names(kube: KubeApi, plural: str, api: str = "v1") -> list[str]:
 
 
 def pool_builder(name: str = "chat", peak: int = 6) -> Any:
-    return (
-        make_pool(name)
-        .lengths((100, 200), (50, 100))
-        .peak(interactive=peak)
-        .replicas(1, 8)
-        .capacity(kvTokensPerReplica=3000)
-    )
+    return declared_pool(name, peak)
 
 
 def status(kube: KubeApi, name: str = "chat") -> dict[str, Any]:
@@ -90,12 +83,6 @@ def given_policy_tenant_and_pool(kube: KubeApi, peak: int = 6) -> None:
     )
     kube.client.create(tp(), standard_policy().dict())
     kube.client.create(mp(), pool_builder(peak=peak).dict())
-
-
-@pytest.fixture
-def operator(kube_api: KubeApi, tmp_path: Path) -> Any:
-    with run_operator(kube_api, tmp_path) as op:
-        yield op
 
 
 def test_a_pool_gets_its_engine_workload_status_and_compiled_config(
@@ -288,12 +275,31 @@ def test_a_missing_tier_policy_blocks_changes_until_it_appears(
     assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
     assert status(kube_api)["plan"]["replicas"] == 2
 
-    # When the policy disappears again, the Deployment is left as it is
+    # When the policy is deleted while the pool uses it, its in-use finalizer holds it
+    wait_until(lambda: "kvpool.dev/in-use" in kube_api.client.get(tp("tiers"))["metadata"].get(
+        "finalizers", []))  # fmt: skip
     kube_api.client.delete(tp("tiers"))
+    policy = wait_until(
+        lambda: (
+            (p := kube_api.client.get(tp("tiers"))).get("status")
+            and condition(p["status"], "Ready") == ("True", "InUse")
+            and p
+        )
+    )
+    assert policy["metadata"]["deletionTimestamp"]
+    assert "chat" in next(c["message"] for c in policy["status"]["conditions"])
+    assert condition(status(kube_api), "Ready") == ("False", "ReplicasNotReady")
+
+    # When someone removes the finalizer by hand, the policy goes; the Deployment is left
+    # as it is and the last plan is kept (and said to be kept)
+    kube_api.client.patch(tp("tiers"), {"metadata": {"finalizers": None}})
     wait_until(lambda: condition(status(kube_api), "Ready") == ("False", "TierPolicyNotFound"))
     dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
     assert dep["spec"]["replicas"] == 2
     assert status(kube_api)["plan"]["replicas"] == 2  # the last plan is kept
+    assert condition(status(kube_api), "ConfigStale") == ("True", "KeptLastGood")
+    kept = wait_until(lambda: admission_config(kube_api)["tierPolicies"][0])
+    assert kept["name"] == "tiers" and kept["stale"] is True
 
 
 def test_deleting_a_pool_removes_its_children_and_its_config_entry(

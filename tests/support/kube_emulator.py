@@ -368,6 +368,36 @@ class KubeEmulator(kmock.KubernetesEmulator):
             crds = self._resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
             self._create(crds, None, copy.deepcopy(dict(crd)))
 
+    def store(self, api_version: str, plural: str, body: Mapping[str, Any]) -> Obj:
+        """Write an object straight into storage: no validation, no defaults, no admission.
+
+        This is how an object stored before a CRD upgrade, or by a server that does not
+        enforce CEL, reaches an operator; tests use it to show what the operator does with
+        objects the API server would have refused. Creates, or replaces all but identity
+        (uid, creationTimestamp, finalizers, deletionTimestamp) and ``status``; the
+        generation bumps when anything outside metadata and status changed.
+        """
+        group, _, version = api_version.rpartition("/")
+        resource = self._resource(group, version, plural)
+        meta = dict(body.get("metadata") or {})
+        namespace = (meta.get("namespace") or "default") if resource.namespaced else None
+        old = self.objects_by_key.get(self._key(resource, namespace, meta["name"]))
+        if old is None:
+            return self._create(resource, namespace, copy.deepcopy(dict(body)))
+        new = copy.deepcopy(_without(dict(body), "status"))
+        if "status" in old:
+            new["status"] = copy.deepcopy(old["status"])
+        kept = ("uid", "creationTimestamp", "generation", "finalizers", "deletionTimestamp")
+        new["metadata"] = {**meta, **{k: old["metadata"][k] for k in kept if k in old["metadata"]}}
+        if resource.namespaced:
+            new["metadata"]["namespace"] = old["metadata"]["namespace"]
+        else:
+            new["metadata"].pop("namespace", None)
+        new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+        if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        return self._record(resource, "MODIFIED", old, new)
+
     async def close_watches(self) -> None:
         """End every open watch stream (before the server stops, so that it stops at once)."""
         self._closing = True

@@ -356,6 +356,22 @@ async def apply_status(
     return await client.merge_patch(resource, namespace, name, {"status": status}, sub="status")
 
 
+async def set_finalizers(
+    client: KubeClient, resource: Resource, body: Mapping[str, Any], finalizers: list[str]
+) -> bool:
+    """Replace an object's finalizers, guarded by its resourceVersion; False on a 409
+    (the object changed meanwhile: the caller decides again on the next event)."""
+    meta = body.get("metadata") or {}
+    patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}}
+    try:
+        await client.merge_patch(resource, meta.get("namespace") or "default", meta["name"], patch)
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
+
+
 async def delete_children(client: KubeClient, namespace: str, pool: str) -> int:
     """Delete every child of a pool found by label (the cleanup path: no GC in tests)."""
     labels = {LABEL_POOL: pool, LABEL_MANAGED_BY: MANAGED_BY}

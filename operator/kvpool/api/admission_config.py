@@ -58,6 +58,14 @@ class CompiledTierPolicy(_Compiled):
     name: str
     tiers: list[CompiledTier]
     classification: list[CompiledRule] = Field(default_factory=list)
+    stale: bool | None = Field(
+        default=None,
+        description=(
+            "true when this is the last good version kept because the TierPolicy is now "
+            "missing or invalid (fail-static: the gateway keeps enforcing it); else absent."
+        ),
+    )
+    stale_reason: str | None = Field(default=None, description="Why it is kept, for humans.")
 
 
 class TierAllocation(_Compiled):
@@ -117,6 +125,14 @@ class CompiledPool(_Compiled):
         default=True,
         description="False when no plan could be made (no capacity figure): admit nothing.",
     )
+    stale: bool | None = Field(
+        default=None,
+        description=(
+            "true when this is the last good version kept because the ModelPool's current "
+            "spec is invalid (fail-static: the gateway keeps serving it); else absent."
+        ),
+    )
+    stale_reason: str | None = Field(default=None, description="Why it is kept, for humans.")
 
 
 class BudgetWindow(_Compiled):

@@ -326,6 +326,14 @@ class PlanStatus(ApiModel):
     shared_slots: int = Field(description="Slots reserved to no tier (go by priority).")
     tiers: list[TierPlanStatus] = Field(default_factory=list, description="Per tier.")
     warnings: list[str] = Field(default_factory=list, description="Capacity-short and similar.")
+    observed_generation: int | None = Field(
+        default=None,
+        description=(
+            "The spec generation this plan was made for. Lower than status.observedGeneration "
+            "when the current spec could not be planned (invalid spec, missing or invalid "
+            "TierPolicy, planner error) and the last good plan is kept (see ConfigStale)."
+        ),
+    )
 
 
 class LoadStatus(ApiModel):

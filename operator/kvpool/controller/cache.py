@@ -26,8 +26,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from kvpool.adapters import kube
+from kvpool.api.validation import check_custom_object
 from kvpool.domain.compile import PodView, hash_api_key
 from kvpool.domain.manifests import LABEL_POOL, LABEL_TRACK
+from kvpool.domain.validity import Checked
 
 Body = Mapping[str, Any]
 Key = tuple[str, str]  # (namespace, name)
@@ -66,6 +68,19 @@ def pod_view(body: Body) -> PodView:
         ip=status.get("podIP"),
         ready=ready and not meta.get("deletionTimestamp"),
         track=(meta.get("labels") or {}).get(LABEL_TRACK, "stable"),
+    )
+
+
+def check_object(body: Body) -> Checked[Any]:
+    """Run the single-object checks of ``kvpool validate`` on an object as stored."""
+    meta = body.get("metadata") or {}
+    stored = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    model, findings = check_custom_object(stored)
+    return Checked(
+        name=str(meta.get("name", "")),
+        created=str(meta.get("creationTimestamp") or ""),
+        model=model if not findings else None,
+        findings=tuple(findings),
     )
 
 
@@ -129,6 +144,21 @@ class Cache:
         value = model.model_validate(
             {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         )
+        self._models[key] = (version, value)
+        return value
+
+    def checked(self, body: Body) -> Checked[Any]:
+        """The checks of ``kvpool validate`` that need only this object (schema, CEL
+        rules, the model, semantic checks), memoised per object and resourceVersion."""
+        meta = body.get("metadata") or {}
+        kind = str(body.get("kind"))
+        key = (f"checked:{kind}", meta.get("namespace") or "default", meta.get("name", ""))
+        version = str(meta.get("resourceVersion"))
+        hit = self._models.get(key)
+        if hit is not None and hit[0] == version:
+            memo: Checked[Any] = hit[1]
+            return memo
+        value = check_object(body)
         self._models[key] = (version, value)
         return value
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.adapters.prometheus import SnapshotCache
+from kvpool.api.admission_config import AdmissionConfig
 from kvpool.api.modelpool import ModelPoolStatus
 from kvpool.controller.cache import Cache
 from kvpool.controller.coalescer import Coalescer
@@ -42,6 +43,7 @@ class Operator:
     cache: Cache = field(default_factory=Cache)
     statuses: dict[tuple[str, str], ModelPoolStatus] = field(default_factory=dict)
     written: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    published: dict[str, AdmissionConfig | None] = field(default_factory=dict)  # last config
     pools: Coalescer = field(init=False)
     publisher: Coalescer = field(init=False)
     side_statuses: Coalescer = field(init=False)

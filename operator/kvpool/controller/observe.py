@@ -27,6 +27,7 @@ from kvpool.domain.measurement import (
     MetricsState,
     ReplicaReading,
 )
+from kvpool.domain.validity import Checked, NamespaceVerdicts, assess_namespace
 
 if TYPE_CHECKING:
     from kvpool.controller.context import Operator
@@ -36,18 +37,36 @@ log = logging.getLogger(__name__)
 Body = Mapping[str, Any]
 
 
-async def observe_policy(op: Operator, namespace: str, name: str) -> TierPolicy | None:
-    """The pool's TierPolicy from the cache, confirmed by a read when the cache has none."""
+async def observe_policy(op: Operator, namespace: str, name: str) -> Checked[TierPolicy] | None:
+    """The pool's TierPolicy (checked) from the cache, confirmed by a read when the cache
+    has none; None when it does not exist."""
     body: Mapping[str, Any] | None = op.cache.policy(namespace, name)
     if body is None:
         body = await op.kube.get(kube.TIERPOLICIES, namespace, name)
     if body is None:
         return None
-    try:
-        return op.cache.parsed(TierPolicy, body)
-    except pydantic.ValidationError:
-        log.warning("TierPolicy %s/%s does not parse; treating it as missing", namespace, name)
-        return None
+    checked: Checked[TierPolicy] = op.cache.checked(body)
+    return checked
+
+
+def checked_objects(
+    op: Operator, table: Mapping[str, Mapping[str, Mapping[str, Any]]], namespace: str
+) -> list[Checked[Any]]:
+    """The checked objects of one cache table in a namespace (those being deleted left out)."""
+    return [
+        op.cache.checked(body)
+        for body in list(table.get(namespace, {}).values())
+        if not (body.get("metadata") or {}).get("deletionTimestamp")
+    ]
+
+
+def assess_cached_namespace(op: Operator, namespace: str) -> NamespaceVerdicts:
+    """The verdict of every ModelPool, TierPolicy and TenantBudget of a namespace."""
+    return assess_namespace(
+        checked_objects(op, op.cache.pools, namespace),
+        [op.cache.checked(b) for b in list(op.cache.policies.get(namespace, {}).values())],
+        checked_objects(op, op.cache.budgets, namespace),
+    )
 
 
 async def observe_metrics(

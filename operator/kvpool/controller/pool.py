@@ -5,12 +5,15 @@ observes (Kubernetes, Prometheus; :mod:`.observe`), hands the observations to a 
 decision in ``kvpool.domain``, applies the result through ``kvpool.adapters`` and records
 the outcome in ``status`` and Events:
 
-    observe pool + policy + metrics -> assess capacity -> plan -> decide warm replicas
+    observe pool + policy + metrics -> check (kvpool validate's checks, domain/validity)
+    -> assess capacity -> plan -> decide warm replicas
     -> apply Deployment, Service, PDB -> status (+ Events) -> request a config publish
 
 Fail-static: when Prometheus is unreachable or returns nothing, the last measurement is
 kept (so the plan is kept) and warm replicas never drop below the last count because
-metrics vanished. A missing TierPolicy touches no child object.
+metrics vanished. An invalid spec, or a TierPolicy missing or invalid, touches no child
+object: the status says why (``Ready=False`` with every field path and reason), a Warning
+Event is posted, and the last good plan stays published (``ConfigStale=True``).
 
 Restart safety: child names are deterministic and creation falls back to patching on 409,
 so an operator killed mid-reconcile and restarted converges without duplicates.
@@ -24,27 +27,30 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import pydantic
-
 from kvpool.adapters import kube
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller.cache import check_object
 from kvpool.controller.clock import utc_now
-from kvpool.controller.observe import observe_metrics, observe_policy, prior_status, resource_of
-from kvpool.domain import conditions as c
+from kvpool.controller.observe import (
+    checked_objects,
+    observe_metrics,
+    observe_policy,
+    prior_status,
+)
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import parse_static_endpoints
 from kvpool.domain.measurement import assess_capacity, decide_pool_warm_replicas
 from kvpool.domain.planner import PoolPlan, plan_pool
 from kvpool.domain.pool_status import (
     PoolObservation,
-    build_invalid_status,
-    build_missing_policy_status,
+    build_blocked_status,
     build_pool_status,
     keep_load_time,
     plan_events,
 )
 from kvpool.domain.revision import revision_of
+from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 
 if TYPE_CHECKING:
     from kvpool.controller.context import Operator
@@ -55,7 +61,7 @@ Body = Mapping[str, Any]
 
 
 async def reconcile_pool(op: Operator, namespace: str, name: str) -> None:
-    """observe -> plan -> apply -> status for one pool (see the module docstring)."""
+    """observe -> check -> plan -> apply -> status for one pool (see the module docstring)."""
     started = time.monotonic()
     key = (namespace, name)
     try:
@@ -64,24 +70,16 @@ async def reconcile_pool(op: Operator, namespace: str, name: str) -> None:
             await cleanup_pool(op, namespace, name)
             return
         prior = prior_status(op, key, body)
-        try:
-            pool = ModelPool.model_validate(resource_of(body) | {"status": None})
-        except pydantic.ValidationError as exc:
-            message = f"spec does not parse: {str(exc).splitlines()[0]}"
-            generation = (body.get("metadata") or {}).get("generation")
-            await write_status(
-                op, body, prior, build_invalid_status(prior, generation, message, utc_now())
-            )
-            return
-        policy = await observe_policy(op, namespace, pool.spec.tier_policy_ref.name)
-        if policy is None:
-            status = build_missing_policy_status(
-                prior, pool.metadata.generation, pool.spec.tier_policy_ref.name, utc_now()
-            )
-            op.metrics.plans.labels(c.TIER_POLICY_NOT_FOUND).inc()
-            await write_status(op, body, prior, status)
-        else:
+        verdict, pool, policy = await _assess(op, namespace, body)
+        if pool is not None and policy is not None:
             await _plan_and_apply(op, body, pool, policy, prior)
+        else:
+            generation = (body.get("metadata") or {}).get("generation")
+            status = build_blocked_status(
+                prior, generation, verdict.reason, verdict.message, utc_now()
+            )
+            op.metrics.plans.labels(verdict.reason).inc()
+            await write_status(op, body, prior, status)
         op.metrics.reconciles.labels("ok").inc()
     except Exception:
         op.metrics.reconciles.labels("error").inc()
@@ -90,6 +88,23 @@ async def reconcile_pool(op: Operator, namespace: str, name: str) -> None:
     finally:
         op.metrics.reconcile_seconds.observe(time.monotonic() - started)
     await op.publisher.request(namespace)
+
+
+async def _assess(
+    op: Operator, namespace: str, body: Body
+) -> tuple[Verdict, ModelPool | None, TierPolicy | None]:
+    """The checks of ``kvpool validate`` for this pool as read just now: its own, then
+    against its TierPolicy and the served names of the namespace's other pools. The
+    pool and policy are returned only when the verdict allows acting on them."""
+    checked: Checked[ModelPool] = check_object(body)
+    policy = None
+    if checked.model is not None:
+        policy = await observe_policy(op, namespace, checked.model.spec.tier_policy_ref.name)
+    others = [p for p in checked_objects(op, op.cache.pools, namespace) if p.name != checked.name]
+    verdict = assess_pool(checked, policy, served_names([*others, checked]))
+    if not verdict.valid or checked.model is None or policy is None or policy.model is None:
+        return verdict, None, None
+    return verdict, checked.model, policy.model
 
 
 async def _plan_and_apply(

@@ -4,7 +4,8 @@ Why it exists: these statuses follow every config publish of a namespace but mus
 delay it (a namespace may hold thousands of tenants), so they run on their own coalescing
 queue in the background. The decisions are pure (:mod:`kvpool.domain.pool_status`); this
 module reads the cache and patches a status only when it differs from what is stored or
-was last written.
+was last written, posts a Warning Event when an object becomes invalid, and keeps the
+``kvpool.dev/in-use`` finalizer on every TierPolicy a ModelPool references.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from kvpool.adapters import kube
+from kvpool.api.common import Condition
 from kvpool.api.tenantbudget import TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.controller.clock import utc_now
-from kvpool.domain.pool_status import build_budget_status, build_policy_status
+from kvpool.controller.observe import assess_cached_namespace
+from kvpool.domain.pool_status import (
+    FINALIZER_IN_USE,
+    build_budget_status,
+    build_policy_status,
+    status_events,
+)
+from kvpool.domain.validity import NamespaceVerdicts
 
 if TYPE_CHECKING:
     from kvpool.controller.context import Operator
@@ -27,45 +36,105 @@ Body = Mapping[str, Any]
 
 
 async def apply_side_statuses(op: Operator, namespace: str) -> None:
-    """TierPolicy and TenantBudget statuses of a namespace (pools using it, key resolved)."""
-    await _apply_policy_statuses(op, namespace)
-    await _apply_budget_statuses(op, namespace)
+    """TierPolicy and TenantBudget statuses of a namespace (validity, pools using a policy,
+    key resolved) and the in-use finalizer of each TierPolicy."""
+    verdicts = assess_cached_namespace(op, namespace)
+    await _apply_policy_statuses(op, namespace, verdicts)
+    await _apply_budget_statuses(op, namespace, verdicts)
 
 
 async def _apply_aux_status(
     op: Operator, resource: kube.Resource, body: Body, status: dict[str, Any]
 ) -> None:
-    """Patch a TierPolicy/TenantBudget status unless it already says this."""
+    """Patch a TierPolicy/TenantBudget status unless it already says this; post a Warning
+    Event when it enters (or changes within) a blocking reason such as InvalidSpec."""
     meta = body["metadata"]
     key = (resource.plural, meta.get("namespace") or "default", meta["name"])
     if op.written.get(key) == status or body.get("status") == status:
         return
     await kube.apply_status(op.kube, resource, key[1], key[2], status)
+    before = op.written.get(key) or body.get("status") or {}
     op.written[key] = status
+    for event in status_events(_conditions(before), _conditions(status)):
+        await kube.create_event(op.kube, body, event.type, event.reason, event.message, utc_now())
 
 
-async def _apply_policy_statuses(op: Operator, namespace: str) -> None:
-    pools = list(op.cache.pools.get(namespace, {}).values())
+def _conditions(status: Mapping[str, Any]) -> list[Condition]:
+    try:
+        return [Condition.model_validate(x) for x in status.get("conditions") or []]
+    except pydantic.ValidationError:
+        return []
+
+
+async def _apply_policy_statuses(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> None:
+    pools = [
+        p
+        for p in list(op.cache.pools.get(namespace, {}).values())
+        if not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
     for body in list(op.cache.policies.get(namespace, {}).values()):
-        name = body["metadata"]["name"]
-        using = sum(
-            1
+        meta = body["metadata"]
+        name = meta["name"]
+        users = [
+            p["metadata"]["name"]
             for p in pools
             if ((p.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name
-        )
+        ]
+        await _apply_in_use_finalizer(op, body, users)
+        deleting = bool(meta.get("deletionTimestamp"))
         prior = _parse_or_none(TierPolicyStatus, body.get("status"))
-        status = build_policy_status(prior, body["metadata"].get("generation"), using, utc_now())
+        status = build_policy_status(
+            prior,
+            meta.get("generation"),
+            len(users),
+            utc_now(),
+            verdicts.policies.get(name),
+            users if deleting else (),
+        )
         await _apply_aux_status(op, kube.TIERPOLICIES, body, status.to_wire())
 
 
-async def _apply_budget_statuses(op: Operator, namespace: str) -> None:
+async def _apply_in_use_finalizer(op: Operator, body: Body, users: list[str]) -> None:
+    """Hold ``kvpool.dev/in-use`` on a TierPolicy while ModelPools use it (as Kueue does
+    for its queues): deleting it then waits until no pool does. Released when unused.
+
+    Decided on the cached object, then again on a fresh read, and written guarded by
+    that read's resourceVersion (a 409 is retried by the next trigger or timer tick)."""
+    if _finalizers_wanted(body, users) is None:
+        return
+    meta = body["metadata"]
+    fresh = await op.kube.get(kube.TIERPOLICIES, meta.get("namespace") or "default", meta["name"])
+    wanted = _finalizers_wanted(fresh, users) if fresh is not None else None
+    if fresh is not None and wanted is not None:
+        await kube.set_finalizers(op.kube, kube.TIERPOLICIES, fresh, wanted)
+
+
+def _finalizers_wanted(body: Body, users: list[str]) -> list[str] | None:
+    """The finalizers a TierPolicy should have, or None when they are right already."""
+    meta = body.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    held = FINALIZER_IN_USE in finalizers
+    if users and not held and not meta.get("deletionTimestamp"):
+        return [*finalizers, FINALIZER_IN_USE]
+    if not users and held:
+        return [f for f in finalizers if f != FINALIZER_IN_USE]
+    return None
+
+
+async def _apply_budget_statuses(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> None:
     for body in list(op.cache.budgets.get(namespace, {}).values()):
         ref = ((body.get("spec") or {}).get("apiKeySecretRef")) or {}
         secret, key = str(ref.get("name", "")), str(ref.get("key", ""))
         resolved = key in op.cache.secrets.get((namespace, secret), {})
         prior = _parse_or_none(TenantBudgetStatus, body.get("status"))
         status = build_budget_status(
-            prior, body["metadata"].get("generation"), secret, key, resolved, utc_now()
+            prior,
+            body["metadata"].get("generation"),
+            secret,
+            key,
+            resolved,
+            utc_now(),
+            verdicts.budgets.get(body["metadata"]["name"]),
         )
         await _apply_aux_status(op, kube.TENANTBUDGETS, body, status.to_wire())
 

@@ -28,12 +28,14 @@ CAPACITY_MEASURED = "CapacityMeasured"
 CAPACITY_SHORT = "CapacityShort"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 DEGRADED = "Degraded"
+CONFIG_STALE = "ConfigStale"  # the gateway enforces a plan made for an earlier spec
 MODELPOOL_CONDITION_TYPES = (
     READY,
     CAPACITY_MEASURED,
     CAPACITY_SHORT,
     METRICS_UNAVAILABLE,
     DEGRADED,
+    CONFIG_STALE,
 )
 
 # --- reasons ---------------------------------------------------------------------------------
@@ -41,7 +43,8 @@ MODELPOOL_CONDITION_TYPES = (
 POOL_READY = "PoolReady"  # a plan exists and every warm replica is ready
 REPLICAS_NOT_READY = "ReplicasNotReady"  # a plan exists; fewer ready replicas than planned
 TIER_POLICY_NOT_FOUND = "TierPolicyNotFound"  # spec.tierPolicyRef names no TierPolicy
-INVALID_SPEC = "InvalidSpec"  # the object does not parse as a v1alpha1 ModelPool
+INVALID_SPEC = "InvalidSpec"  # schema, CEL, semantic or cross-object checks fail (any kind)
+TIER_POLICY_INVALID = "TierPolicyInvalid"  # the referenced TierPolicy fails its checks
 # (planner errors - CapacityUnknown, ReplicaTooSmall, ... - are used as Ready reasons too)
 
 # CapacityMeasured
@@ -65,11 +68,16 @@ REPLICAS_DISAGREE = "ReplicasDisagree"  # replicas of one revision report differ
 PLAN_FAILED = "PlanFailed"  # no plan could be made (see the Ready message)
 AS_EXPECTED = "AsExpected"
 
+# ConfigStale
+KEPT_LAST_GOOD = "KeptLastGood"  # the last good plan/config is kept (fail-static)
+CONFIG_CURRENT = "ConfigCurrent"  # the published plan is the current spec's
+
 # --- TenantBudget / TierPolicy ---------------------------------------------------------------
 KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type
 SECRET_FOUND = "SecretKeyFound"
 SECRET_NOT_FOUND = "SecretKeyNotFound"
 POLICY_READY = "PolicyReady"
+POLICY_IN_USE = "InUse"  # a deleted TierPolicy waits for the pools that use it
 
 
 def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:

@@ -18,11 +18,12 @@ with Prometheus up, gets ``phase: Ready``, ``Ready=True/PoolReady``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from kvpool.api.common import Condition, ConditionStatus
-from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, ReplicaStatus
+from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, PlanStatus, ReplicaStatus
 from kvpool.api.tenantbudget import TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.domain import conditions as c
@@ -35,8 +36,12 @@ from kvpool.domain.measurement import (
     MetricsState,
 )
 from kvpool.domain.planner import PlanError, PoolPlan
+from kvpool.domain.validity import Verdict
 
 EventType = Literal["Normal", "Warning"]
+
+# Held on a TierPolicy while ModelPools use it: deleting it waits until none does.
+FINALIZER_IN_USE = "kvpool.dev/in-use"
 
 # Event reasons (CamelCase constants).
 EVENT_SCALED = "ScaledWarmReplicas"
@@ -45,6 +50,13 @@ EVENT_MEASUREMENT_CHANGED = "MeasurementChanged"
 EVENT_REPLICAS_DISAGREE = "ReplicasDisagree"
 EVENT_TIER_POLICY_NOT_FOUND = "TierPolicyNotFound"
 EVENT_METRICS_UNAVAILABLE = "MetricsUnavailable"
+EVENT_INVALID_SPEC = "InvalidSpec"
+EVENT_TIER_POLICY_INVALID = "TierPolicyInvalid"
+# Ready reasons that stop the operator acting on a pool; entering one (or a new message,
+# e.g. another invalid field) is a Warning Event with the same reason.
+BLOCKING_REASONS = frozenset(
+    {EVENT_TIER_POLICY_NOT_FOUND, EVENT_INVALID_SPEC, EVENT_TIER_POLICY_INVALID}
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,8 @@ def build_pool_status(
     else:
         degraded = ("False", c.AS_EXPECTED, "")
     conds = c.set_condition(conds, c.DEGRADED, degraded[0], degraded[1], degraded[2], gen, now)
+    kept = prior.plan if plan is None else None
+    conds = _config_stale(conds, kept, gen, now)
 
     if plan is None:
         phase = "Error"
@@ -168,11 +182,58 @@ def build_pool_status(
         revision=obs.revision,
         replicas=ReplicaStatus(desired=obs.warm_replicas, ready=obs.ready_replicas),
         capacity=a.to_status(),
-        # fail-static: a failed plan keeps the last one the gateway is enforcing
-        plan=plan.to_status() if plan is not None else prior.plan,
+        # fail-static: a failed plan keeps the last one the gateway is enforcing; the
+        # plan says which generation it was made for, ConfigStale says it is kept
+        plan=(
+            plan.to_status().model_copy(update={"observed_generation": gen})
+            if plan is not None
+            else prior.plan
+        ),
         load=obs.load if obs.metrics == METRICS_OK else prior.load,
         rollout=prior.rollout,
         conditions=conds,
+    )
+
+
+def _config_stale(
+    conds: list[Condition], kept: PlanStatus | None, generation: int | None, now: str
+) -> list[Condition]:
+    """``ConfigStale``: True when a plan made for an earlier spec is kept (fail-static)."""
+    if kept is None:
+        return c.set_condition(
+            conds, c.CONFIG_STALE, "False", c.CONFIG_CURRENT, "", generation, now
+        )
+    made_for = (
+        f"generation {kept.observed_generation}"
+        if kept.observed_generation is not None
+        else "an earlier generation"
+    )
+    message = (
+        f"the gateway keeps enforcing the last good plan (made for {made_for}); "
+        "see the Ready condition for why the current spec is not planned"
+    )
+    return c.set_condition(
+        conds, c.CONFIG_STALE, "True", c.KEPT_LAST_GOOD, message, generation, now
+    )
+
+
+def build_blocked_status(
+    prior: ModelPoolStatus | None, generation: int | None, reason: str, message: str, now: str
+) -> ModelPoolStatus:
+    """The status of a pool the operator must not act on (invalid spec, TierPolicy missing
+    or invalid): ``Ready=False`` and ``Degraded=True`` with ``reason``, phase ``Error``,
+    the last plan kept with ``ConfigStale=True``; no other field changes.
+
+    >>> s = build_blocked_status(None, 3, "InvalidSpec", "spec.x: bad", "t0")
+    >>> (s.phase, s.observed_generation, [(x.type, x.reason) for x in s.conditions][:2])
+    ('Error', 3, [('Ready', 'InvalidSpec'), ('Degraded', 'InvalidSpec')])
+    """
+    prior = prior or ModelPoolStatus()
+    conds = c.set_condition(prior.conditions, c.READY, "False", reason, message, generation, now)
+    conds = c.set_condition(conds, c.DEGRADED, "True", reason, message, generation, now)
+    conds = _config_stale(conds, prior.plan, generation, now)
+    return prior.model_copy(
+        update={"observed_generation": generation, "phase": "Error", "conditions": conds}
     )
 
 
@@ -180,36 +241,21 @@ def build_missing_policy_status(
     prior: ModelPoolStatus | None, generation: int | None, policy: str, now: str
 ) -> ModelPoolStatus:
     """The status of a pool whose TierPolicy does not exist: everything else is kept."""
-    prior = prior or ModelPoolStatus()
     message = f"TierPolicy {policy!r} not found in the namespace; the engines are left as they are"
-    conds = c.set_condition(
-        prior.conditions, c.READY, "False", c.TIER_POLICY_NOT_FOUND, message, generation, now
-    )
-    conds = c.set_condition(
-        conds, c.DEGRADED, "True", c.TIER_POLICY_NOT_FOUND, message, generation, now
-    )
-    return prior.model_copy(
-        update={"observed_generation": generation, "phase": "Error", "conditions": conds}
-    )
+    return build_blocked_status(prior, generation, c.TIER_POLICY_NOT_FOUND, message, now)
 
 
 def build_invalid_status(
     prior: ModelPoolStatus | None, generation: int | None, message: str, now: str
 ) -> ModelPoolStatus:
-    """The status of a pool whose spec cannot be used: ``Ready=False/InvalidSpec``, phase
-    ``Error``; everything else (the last plan included) is kept.
+    """The status of a pool whose spec cannot be used: ``Ready=False/InvalidSpec`` (the
+    message lists every field path and reason), phase ``Error``; the last plan is kept.
 
-    >>> s = build_invalid_status(None, 3, "spec does not parse: ...", "t0")
+    >>> s = build_invalid_status(None, 3, "spec.x: bad", "t0")
     >>> (s.phase, s.observed_generation, s.conditions[0].reason)
     ('Error', 3, 'InvalidSpec')
     """
-    prior = prior or ModelPoolStatus()
-    conds = c.set_condition(
-        prior.conditions, c.READY, "False", c.INVALID_SPEC, message, generation, now
-    )
-    return prior.model_copy(
-        update={"observed_generation": generation, "phase": "Error", "conditions": conds}
-    )
+    return build_blocked_status(prior, generation, c.INVALID_SPEC, message, now)
 
 
 def keep_load_time(load: LoadStatus | None, prior: ModelPoolStatus | None) -> LoadStatus | None:
@@ -256,14 +302,15 @@ def plan_events(
                 f"{assessment.revision}",
             )
         )
-    for type_, reason in (
-        (c.DEGRADED, EVENT_REPLICAS_DISAGREE),
-        (c.READY, EVENT_TIER_POLICY_NOT_FOUND),
+    cond = c.find_condition(new.conditions, c.DEGRADED)
+    old = c.find_condition(prior.conditions, c.DEGRADED)
+    if (
+        cond is not None
+        and cond.reason == EVENT_REPLICAS_DISAGREE
+        and (old is None or old.reason != EVENT_REPLICAS_DISAGREE)
     ):
-        cond = c.find_condition(new.conditions, type_)
-        old = c.find_condition(prior.conditions, type_)
-        if cond is not None and cond.reason == reason and (old is None or old.reason != reason):
-            events.append(EventIntent("Warning", reason, cond.message))
+        events.append(EventIntent("Warning", EVENT_REPLICAS_DISAGREE, cond.message))
+    events += status_events(prior.conditions, new.conditions)
     metrics = c.find_condition(new.conditions, c.METRICS_UNAVAILABLE)
     if (
         metrics is not None
@@ -280,21 +327,42 @@ def _is_true(conditions: list[Condition], type_: str) -> bool:
 
 
 def build_policy_status(
-    prior: TierPolicyStatus | None, generation: int | None, pools: int, now: str
+    prior: TierPolicyStatus | None,
+    generation: int | None,
+    pools: int,
+    now: str,
+    verdict: Verdict | None = None,
+    waiting_for: Sequence[str] = (),
 ) -> TierPolicyStatus:
-    """A TierPolicy's status: how many pools use it (a policy is always usable once parsed).
+    """A TierPolicy's status: whether it is valid, how many pools use it, and - when it
+    is being deleted while in use - which pools its deletion waits for.
 
     >>> build_policy_status(None, 1, 2, "t0").conditions[0].message
     'used by 2 ModelPools'
+    >>> from kvpool.api.validation import Finding
+    >>> bad = Verdict("InvalidSpec", (Finding("spec.tiers", "floors sum over 100"),))
+    >>> build_policy_status(None, 1, 0, "t0", bad).conditions[0].reason
+    'InvalidSpec'
     """
+    ready: tuple[ConditionStatus, str, str]
+    if verdict is not None and not verdict.valid:
+        ready = (
+            "False",
+            verdict.reason,
+            f"{verdict.message} (not published; the gateway keeps the last valid version "
+            "of this policy, if one was published)",
+        )
+    elif waiting_for:
+        ready = (
+            "True",
+            c.POLICY_IN_USE,
+            f"deletion waits until no ModelPool uses it (finalizer {FINALIZER_IN_USE}): "
+            + ", ".join(sorted(waiting_for)),
+        )
+    else:
+        ready = ("True", c.POLICY_READY, f"used by {pools} ModelPools")
     conds = c.set_condition(
-        (prior.conditions if prior else []),
-        c.READY,
-        "True",
-        c.POLICY_READY,
-        f"used by {pools} ModelPools",
-        generation,
-        now,
+        (prior.conditions if prior else []), c.READY, ready[0], ready[1], ready[2], generation, now
     )
     return TierPolicyStatus(observed_generation=generation, pools=pools, conditions=conds)
 
@@ -306,15 +374,18 @@ def build_budget_status(
     key: str,
     resolved: bool,
     now: str,
+    verdict: Verdict | None = None,
 ) -> TenantBudgetStatus:
-    """A TenantBudget's status: whether its API key could be read (else it is not served).
+    """A TenantBudget's status: whether its API key could be read (else it is not served)
+    and whether the budget is valid (an invalid one is not published).
 
     >>> s = build_budget_status(None, 1, "acme-key", "api-key", False, "t0")
     >>> [(x.type, x.status, x.reason) for x in s.conditions]
     [('KeyResolved', 'False', 'SecretKeyNotFound'), ('Ready', 'False', 'SecretKeyNotFound')]
     """
+    status: ConditionStatus
     if resolved:
-        status: ConditionStatus = "True"
+        status = "True"
         reason, message = c.SECRET_FOUND, f"key {key!r} of Secret {secret!r} resolved"
     else:
         status, reason = "False", c.SECRET_NOT_FOUND
@@ -331,5 +402,31 @@ def build_budget_status(
         generation,
         now,
     )
+    if verdict is not None and verdict.reason == c.INVALID_SPEC:
+        status, reason = "False", c.INVALID_SPEC
+        message = f"{verdict.message} (not published: the tenant's requests get 401)"
+    elif verdict is not None and not verdict.valid and resolved:
+        status, reason = "False", verdict.reason
+        message = (
+            f"{verdict.message} (published against the last valid version of the policy, "
+            "if one was published)"
+        )
     conds = c.set_condition(conds, c.READY, status, reason, message, generation, now)
     return TenantBudgetStatus(observed_generation=generation, conditions=conds)
+
+
+def status_events(prior: Sequence[Condition], new: Sequence[Condition]) -> list[EventIntent]:
+    """A Warning Event when an object's ``Ready`` enters a blocking reason (InvalidSpec,
+    TierPolicyNotFound, TierPolicyInvalid) or its message changes while there.
+
+    >>> bad = c.set_condition([], c.READY, "False", "InvalidSpec", "spec.a: bad", 1, "t0")
+    >>> [e.reason for e in status_events([], bad)], status_events(bad, bad)
+    (['InvalidSpec'], [])
+    """
+    ready = c.find_condition(new, c.READY)
+    was = c.find_condition(prior, c.READY)
+    if ready is None or ready.reason not in BLOCKING_REASONS:
+        return []
+    if was is not None and (was.reason, was.message) == (ready.reason, ready.message):
+        return []
+    return [EventIntent("Warning", ready.reason, ready.message)]

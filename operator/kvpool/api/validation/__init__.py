@@ -11,6 +11,11 @@ from kvpool.api.validation.documents import (
     check_custom_object,
     validate_documents,
 )
+from kvpool.api.validation.references import (
+    budget_tier_findings,
+    pool_tier_findings,
+    resolve_budget_policy,
+)
 from kvpool.api.validation.results import (
     DEFAULT_NAMESPACE,
     Document,
@@ -32,7 +37,10 @@ __all__ = [
     "SecretData",
     "ValidatedSet",
     "assess_rule",
+    "budget_tier_findings",
     "check_custom_object",
     "check_extensions",
+    "pool_tier_findings",
+    "resolve_budget_policy",
     "validate_documents",
 ]

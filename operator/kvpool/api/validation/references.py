@@ -20,14 +20,14 @@ with ``tierPolicyRef: {name: tiers}`` and no TierPolicy ``tiers`` in ``default``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
-from kvpool.api.validation.results import DEFAULT_NAMESPACE, Problem, SecretData
+from kvpool.api.validation.results import DEFAULT_NAMESPACE, Finding, Problem, SecretData
 
 T = TypeVar("T")
 
@@ -75,29 +75,34 @@ def _duplicates(
     return problems
 
 
-def _policy_tier_problems(item: Located[ModelPool], policy: TierPolicy) -> list[Problem]:
+def pool_tier_findings(pool: ModelPool, policy: TierPolicy) -> list[Finding]:
+    """Tiers a pool names (``peakConcurrency``, ``canaryTiers``) that its policy lacks.
+
+    Shared by ``kvpool validate`` and the operator, which runs it on every reconcile.
+    """
     tiers = set(policy.tier_names())
-    problems = []
     named = policy.metadata.name
-    for tier in item.obj.spec.capacity.peak_concurrency:
-        if tier not in tiers:
-            problems.append(
-                _problem(
-                    item,
-                    f"spec.capacity.peakConcurrency.{tier}",
-                    f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
-                )
-            )
-    for index, tier in enumerate(item.obj.spec.rollout.canary_tiers):
-        if tier not in tiers:
-            problems.append(
-                _problem(
-                    item,
-                    f"spec.rollout.canaryTiers[{index}]",
-                    f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
-                )
-            )
-    return problems
+    findings = [
+        Finding(
+            f"spec.capacity.peakConcurrency.{tier}",
+            f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
+        )
+        for tier in pool.spec.capacity.peak_concurrency
+        if tier not in tiers
+    ]
+    findings += [
+        Finding(
+            f"spec.rollout.canaryTiers[{index}]",
+            f"tier {tier!r} is not in TierPolicy {named!r} (tiers: {_names(tiers)})",
+        )
+        for index, tier in enumerate(pool.spec.rollout.canary_tiers)
+        if tier not in tiers
+    ]
+    return findings
+
+
+def _policy_tier_problems(item: Located[ModelPool], policy: TierPolicy) -> list[Problem]:
+    return [_problem(item, f.path, f.reason) for f in pool_tier_findings(item.obj, policy)]
 
 
 def check_pools(
@@ -137,31 +142,53 @@ def check_pools(
     return problems
 
 
+def resolve_budget_policy(
+    budget: TenantBudget, in_namespace: Mapping[str, TierPolicy]
+) -> TierPolicy | Finding:
+    """The TierPolicy a budget's tiers belong to: its ``tierPolicyRef``, else the
+    namespace's only policy; a :class:`Finding` when there is none or it is ambiguous."""
+    namespace = _namespace(budget)
+    ref = budget.spec.tier_policy_ref
+    if ref is not None:
+        if ref.name in in_namespace:
+            return in_namespace[ref.name]
+        return Finding(
+            "spec.tierPolicyRef.name",
+            f"TierPolicy {ref.name!r} not found in namespace {namespace!r} "
+            f"(TierPolicies there: {_names(in_namespace)})",
+        )
+    if len(in_namespace) == 1:
+        return next(iter(in_namespace.values()))
+    if not in_namespace:
+        reason = f"no TierPolicy in namespace {namespace!r} for this tenant's tiers"
+    else:
+        reason = (
+            f"required: namespace {namespace!r} has {len(in_namespace)} TierPolicies "
+            f"({_names(in_namespace)}); name the one this tenant uses"
+        )
+    return Finding("spec.tierPolicyRef", reason)
+
+
+def budget_tier_findings(budget: TenantBudget, policy: TierPolicy) -> list[Finding]:
+    """Tiers a budget names that its policy lacks."""
+    tiers = set(policy.tier_names())
+    return [
+        Finding(
+            f"spec.tiers[{index}]",
+            f"tier {tier!r} is not in TierPolicy {policy.metadata.name!r} (tiers: {_names(tiers)})",
+        )
+        for index, tier in enumerate(budget.spec.tiers)
+        if tier not in tiers
+    ]
+
+
 def _budget_policy(
     item: Located[TenantBudget], policies: dict[tuple[str, str], TierPolicy]
 ) -> TierPolicy | Problem:
     namespace = _namespace(item.obj)
     in_ns = {name: p for (ns, name), p in policies.items() if ns == namespace}
-    ref = item.obj.spec.tier_policy_ref
-    if ref is not None:
-        if ref.name in in_ns:
-            return in_ns[ref.name]
-        return _problem(
-            item,
-            "spec.tierPolicyRef.name",
-            f"TierPolicy {ref.name!r} not found in namespace {namespace!r} "
-            f"(TierPolicies there: {_names(in_ns)})",
-        )
-    if len(in_ns) == 1:
-        return next(iter(in_ns.values()))
-    if not in_ns:
-        reason = f"no TierPolicy in namespace {namespace!r} for this tenant's tiers"
-    else:
-        reason = (
-            f"required: namespace {namespace!r} has {len(in_ns)} TierPolicies "
-            f"({_names(in_ns)}); name the one this tenant uses"
-        )
-    return _problem(item, "spec.tierPolicyRef", reason)
+    found = resolve_budget_policy(item.obj, in_ns)
+    return _problem(item, found.path, found.reason) if isinstance(found, Finding) else found
 
 
 def check_budgets(
@@ -178,17 +205,9 @@ def check_budgets(
         if isinstance(policy, Problem):
             problems.append(policy)
         else:
-            tiers = set(policy.tier_names())
-            for index, tier in enumerate(item.obj.spec.tiers):
-                if tier not in tiers:
-                    problems.append(
-                        _problem(
-                            item,
-                            f"spec.tiers[{index}]",
-                            f"tier {tier!r} is not in TierPolicy {policy.metadata.name!r} "
-                            f"(tiers: {_names(tiers)})",
-                        )
-                    )
+            problems += [
+                _problem(item, f.path, f.reason) for f in budget_tier_findings(item.obj, policy)
+            ]
         ref = item.obj.spec.api_key_secret_ref
         secret = secrets.get((namespace, ref.name))
         if secret is None:
