@@ -99,6 +99,7 @@ def start_operator(
         "--measure-interval",
         MEASURE_INTERVAL,
         "--standalone",
+        "--allow-static-endpoints",  # local mode: the engines have no pods
         "--metrics-port",
         "0",
         "--health-port",

@@ -1,7 +1,8 @@
 """Run the real operator (``kvpool operator``, kopf) as a process for integration tests.
 
 Why a process and not an in-thread runner: the tests kill it (SIGKILL, mid-reconcile) and
-start it again, as a crash and a rollout would, and they measure its memory.
+start it again, as a crash and a rollout would, and they measure its memory. It runs in
+local mode (``--allow-static-endpoints``) with leader election on and its own identity.
 
     with run_operator(kube_api, tmp_path) as op:    # started, /healthz answers
         op.metrics()                                 # text of its /metrics
@@ -64,9 +65,13 @@ class OperatorProcess:
         interval: str = "1s",
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        identity: str | None = None,
+        allow_static_endpoints: bool = True,
     ) -> None:
         self.metrics_port = free_port()
         self.health_port = free_port()
+        # one Lease identity per process object, kept across restarts (as a pod's name is)
+        self.identity = identity or f"operator-{self.metrics_port}"
         argv = [
             sys.executable,
             "-m",
@@ -77,6 +82,8 @@ class OperatorProcess:
             f"--metrics-port={self.metrics_port}",
             f"--health-port={self.health_port}",
             "--listen-host=127.0.0.1",
+            f"--identity={self.identity}",
+            *(["--allow-static-endpoints"] if allow_static_endpoints else []),  # local mode
             *(["--standalone"] if not any(a.startswith("--peering") for a in extra_args) else []),
             *([f"--prometheus-url={prometheus_url}"] if prometheus_url else []),
             *extra_args,

@@ -22,7 +22,7 @@ from typing import Any
 import kmock
 
 from tests.operator_builders import declared_pool, make_budget, make_secret, standard_policy
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess, run_operator, wait_until
 from tests.support.kube import KubeApi, resource_path
 
 NS = "default"
@@ -355,6 +355,26 @@ def test_pods_become_endpoints_and_static_endpoints_serve_local_mode(
         lambda: endpoints() == [{"name": "e1", "url": "http://127.0.0.1:8001", "ready": True}]
     )
     wait_until(lambda: status(kube_api)["replicas"]["ready"] == 1)
+
+
+def test_static_endpoints_are_ignored_without_the_local_mode_flag(
+    kube_api: KubeApi, tmp_path: Path
+) -> None:
+    # Given an operator as a cluster runs it (no --allow-static-endpoints)
+    with run_operator(kube_api, tmp_path, allow_static_endpoints=False) as op:
+        given_policy_tenant_and_pool(kube_api)
+        wait_until(lambda: admission_config(kube_api)["pools"])
+
+        # When someone annotates the pool to send its traffic elsewhere
+        kube_api.client.patch(
+            mp("chat"),
+            {"metadata": {"annotations": {"kvpool.dev/static-endpoints": "e=http://evil:1"}}},
+        )
+        wait_until(lambda: "static-endpoints ignored" in op.log(), timeout=10)
+
+        # Then the config's endpoints stay those of the pool's pods (none here)
+        assert admission_config(kube_api)["pools"][0]["tracks"][0]["endpoints"] == []
+        assert status(kube_api)["replicas"]["ready"] == 0
 
 
 def test_restart_mid_reconcile_creates_no_duplicates(kube_api: KubeApi, tmp_path: Path) -> None:

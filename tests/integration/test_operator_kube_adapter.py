@@ -9,6 +9,7 @@ import kmock
 import pytest
 
 from kvpool.adapters import kube
+from kvpool.controller.leader import LeaderElector
 from kvpool.domain import manifests as m
 from tests.operator_builders import make_pool, served_pool
 from tests.support.kube import KubeApi
@@ -128,3 +129,40 @@ async def test_a_closed_client_fails_fast_instead_of_retrying(kube_api: KubeApi)
     await client.close()  # the operator is stopping
     with pytest.raises(kube.ApiError, match="closed"):
         await client.get(kube.SERVICES, "default", "x")
+
+
+async def test_leader_election_over_a_lease_with_an_injected_clock(
+    client: kube.KubeClient, kube_api: KubeApi
+) -> None:
+    """Two electors, one clock: one leads; the other takes over only after expiry."""
+    now = [1000.0]
+    started: list[str] = []
+
+    def elector(identity: str) -> LeaderElector:
+        async def on_started() -> None:
+            started.append(identity)
+
+        return LeaderElector(
+            client, "default", "lease", identity, duration=15.0, clock=lambda: now[0],
+            on_started=on_started,
+        )  # fmt: skip
+
+    a, b = elector("a"), elector("b")
+    await a.step()
+    await b.step()
+    assert (a.leading, b.leading, started) == (True, False, ["a"])
+
+    now[0] += 14.0  # a has not renewed for 14 s: still within its 15 s lease
+    await b.step()
+    assert not b.leading
+
+    now[0] += 2.0  # 16 s: expired; a would not act any more either (renew deadline 10 s)
+    await b.step()
+    await a.step()
+    lease = kube_api.client.get("/apis/coordination.k8s.io/v1/namespaces/default/leases/lease")
+    assert (a.leading, b.leading, started) == (False, True, ["a", "b"])
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+
+    await b.release()
+    await a.step()
+    assert a.leading and started == ["a", "b", "a"]

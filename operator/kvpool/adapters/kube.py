@@ -20,6 +20,7 @@ desired object, so an unchanged plan makes no writes and triggers no watch event
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from kvpool.domain.leadership import LeaseRecord
 from kvpool.domain.manifests import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_SPEC_HASH,
@@ -80,6 +82,7 @@ CONFIGMAPS = Resource("", "v1", "configmaps")
 SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
 CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, PDBS)
 
 
@@ -419,3 +422,80 @@ async def create_event(
         await client.create(EVENTS, ns, body)
     except ApiError as exc:
         log.warning("event %s on %s/%s not posted: %s", reason, ns, meta.get("name"), exc)
+
+
+# --- leader election Lease -------------------------------------------------------------------
+
+
+def _micro_time(epoch: float) -> str:
+    """A Kubernetes MicroTime (RFC 3339 with microseconds, UTC)."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def lease_record(body: Mapping[str, Any] | None) -> LeaseRecord | None:
+    """The decision-relevant part of a coordination.k8s.io/v1 Lease (None: no Lease)."""
+    if body is None:
+        return None
+    spec = body.get("spec") or {}
+    return LeaseRecord(
+        holder=spec.get("holderIdentity") or None,
+        duration=float(spec.get("leaseDurationSeconds") or 0),
+        renewed_at=_epoch(spec.get("renewTime")),
+        transitions=int(spec.get("leaseTransitions") or 0),
+    )
+
+
+async def write_lease(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    current: Mapping[str, Any] | None,
+    spec: Mapping[str, Any],
+) -> bool:
+    """Create the Lease, or merge-patch ``spec`` guarded by the resourceVersion read.
+
+    False when another replica wrote first (409): it won this round.
+    """
+    try:
+        if current is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": dict(spec),
+            }
+            await client.create(LEASES, namespace, body)
+        else:
+            version = (current.get("metadata") or {}).get("resourceVersion")
+            patch = {"metadata": {"resourceVersion": version}, "spec": dict(spec)}
+            if await client.merge_patch(LEASES, namespace, name, patch) is None:
+                return False  # deleted meanwhile: decide again next round
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
+
+
+def build_lease_spec(
+    holder: str, duration: float, now: float, transitions: int, acquired_at: float | None
+) -> dict[str, Any]:
+    """The Lease ``spec`` a holder writes (``holder`` "" releases it)."""
+    spec: dict[str, Any] = {
+        "holderIdentity": holder,
+        "leaseDurationSeconds": max(1, round(duration)),
+        "renewTime": _micro_time(now),
+        "leaseTransitions": transitions,
+    }
+    if acquired_at is not None:
+        spec["acquireTime"] = _micro_time(acquired_at)
+    return spec

@@ -26,3 +26,9 @@ class OperatorConfig:
     standalone: bool = False  # no peering at all
     priority: int = 0  # kopf peering priority of this replica
     apply_delay: float = 0.0  # testing only: pause between child writes (restart tests)
+    leader_election: bool = True  # act only while holding the Lease (one active replica)
+    lease_namespace: str = "default"  # where the Lease lives (the operator's namespace)
+    lease_name: str = "kvpool-operator"  # the Lease's name (one per installation)
+    lease_duration: float = 15.0  # seconds a standby waits after the leader's last renew
+    identity: str = ""  # this replica's holder identity (default: host name = pod name)
+    allow_static_endpoints: bool = False  # honour kvpool.dev/static-endpoints (local mode)

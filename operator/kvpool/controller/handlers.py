@@ -18,9 +18,8 @@ Re-plan triggers:
 - a timer per pool (``--measure-interval``, default 15 s): a new measurement.
 
 The cache (:mod:`kvpool.controller.cache`) is filled by one list per kind in the start-up
-handler, before kopf starts watching, and updated by every event below. Peering (one
-active replica) and liveness are kopf's; while a replica is paused by peering, kopf
-delivers it no events and runs no timers, so it does nothing.
+handler, before kopf starts watching, and updated by every event below. Liveness is
+kopf's; with ``--peering`` (instead of leader election) kopf pauses a standby replica.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ import kopf
 
 from kvpool.controller.cache import fill_cache, pod_view, secret_digests
 from kvpool.controller.context import Operator
+from kvpool.controller.leader import LeaderElector
 from kvpool.controller.pool import cleanup_pool
 from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
 
@@ -79,6 +79,11 @@ def _event(kw: Mapping[str, Any]) -> tuple[str, str, Any]:
     return kw["namespace"] or "default", kw["name"], body
 
 
+async def _started_leading(op: Operator) -> None:
+    op.metrics.leader.set(1)
+    await op.resync()
+
+
 def build_registry(op: Operator) -> kopf.OperatorRegistry:
     """All handlers of the operator, bound to one :class:`Operator`."""
     registry = kopf.OperatorRegistry()
@@ -111,9 +116,26 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         await fill_cache(op.cache, op.kube, cfg.namespaces)
+        if cfg.leader_election:
+            op.leader = LeaderElector(
+                client=op.kube,
+                namespace=cfg.lease_namespace,
+                name=cfg.lease_name,
+                identity=cfg.identity,
+                duration=cfg.lease_duration,
+                on_started=lambda: _started_leading(op),
+                on_stopped=lambda: op.metrics.leader.set(0),
+            )
+            op.spawn(op.leader.run())
+        else:
+            op.metrics.leader.set(1)
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
+        if op.leader is not None:
+            await op.leader.release()
+        for task in list(op.background):
+            task.cancel()
         await op.kube.close()
 
     @kopf.on.probe(id="metrics", registry=registry)
@@ -126,7 +148,8 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         op.cache.put_pool((ns, name), body)
         if body is None:
             seen.forget("pool", ns, name)
-            await cleanup_pool(op, ns, name)
+            if op.leading:
+                await cleanup_pool(op, ns, name)
             await op.publisher.request(ns)
         elif seen.changed("pool", ns, name, _essence(kw["meta"])):
             try:

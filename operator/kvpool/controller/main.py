@@ -12,8 +12,15 @@ Flags (environment variable in brackets):
 - ``--measure-interval 15s`` [KVPOOL_MEASURE_INTERVAL]: periodic re-plan of every pool;
 - ``--metrics-port 8080`` / ``--health-port 8081`` (``0`` disables): the operator's own
   ``/metrics`` and kopf's liveness endpoint ``/healthz``;
-- ``--peering NAME`` / ``--standalone`` / ``--priority N``: kopf peering; by default kopf
-  auto-detects (peering when the KopfPeering CRDs are installed, standalone otherwise);
+- ``--leader-election`` (default) / ``--no-leader-election`` [KVPOOL_LEADER_ELECTION]: act
+  only while holding the Lease ``--leader-election-id`` (``kvpool-operator``) in
+  ``--leader-election-namespace`` [POD_NAMESPACE; default: the pod's namespace, else
+  ``default``]; ``--lease-duration 15s``; ``--identity`` [POD_NAME; default: host name];
+- ``--peering NAME`` / ``--standalone`` / ``--priority N``: kopf peering (an alternative
+  to leader election); with leader election on and no ``--peering``, kopf runs standalone;
+- ``--allow-static-endpoints`` [KVPOOL_ALLOW_STATIC_ENDPOINTS=true]: honour the ModelPool
+  annotation ``kvpool.dev/static-endpoints`` (local mode only: in a cluster, anyone who
+  may annotate a pool could send its traffic anywhere, so it is off by default);
 - ``--kubeconfig PATH`` [KUBECONFIG]: else ~/.kube/config, else in-cluster.
 """
 
@@ -22,9 +29,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
+from pathlib import Path
 
 from kvpool.api.common import parse_duration
 from kvpool.controller.config import OperatorConfig
+
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,18 +63,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peering", default=env("KVPOOL_PEERING"), help="kopf peering name")
     parser.add_argument("--standalone", action="store_true", help="no peering")
     parser.add_argument("--priority", type=int, default=0, help="kopf peering priority")
+    parser.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=env("KVPOOL_LEADER_ELECTION", "true").lower() not in ("0", "false", "no"),
+        help="act only while holding the Lease (default: on)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=env("POD_NAMESPACE") or _own_namespace(),
+        help="namespace of the Lease (default: the pod's namespace, else default)",
+    )
+    parser.add_argument("--leader-election-id", default="kvpool-operator", help="Lease name")
+    parser.add_argument("--lease-duration", default="15s", help="Lease duration, e.g. 15s")
+    parser.add_argument(
+        "--identity",
+        default=env("POD_NAME") or socket.gethostname(),
+        help="holder identity (default: the host name, i.e. the pod name)",
+    )
+    parser.add_argument(
+        "--allow-static-endpoints",
+        action="store_true",
+        default=env("KVPOOL_ALLOW_STATIC_ENDPOINTS", "").lower() in ("1", "true", "yes"),
+        help="honour the kvpool.dev/static-endpoints annotation (local mode only)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
 
 
+def _own_namespace() -> str:
+    """The pod's namespace from its service account, else ``default``."""
+    try:
+        return NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _seconds(text: str) -> float:
+    return float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+
+
 def build_config(args: argparse.Namespace) -> OperatorConfig:
-    interval = args.measure_interval
-    seconds = (
-        float(interval) if interval.replace(".", "", 1).isdigit() else parse_duration(interval)
-    )
     return OperatorConfig(
         namespaces=tuple(args.namespace or ()),
         prometheus_url=args.prometheus_url or None,
-        measure_interval=seconds,
+        measure_interval=_seconds(args.measure_interval),
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port or None,
         health_port=args.health_port or None,
@@ -72,6 +115,12 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
         standalone=args.standalone,
         priority=args.priority,
         apply_delay=float(os.environ.get("KVPOOL_TESTING_APPLY_DELAY", "0")),
+        leader_election=args.leader_election,
+        lease_namespace=args.leader_election_namespace,
+        lease_name=args.leader_election_id,
+        lease_duration=_seconds(args.lease_duration),
+        identity=args.identity,
+        allow_static_endpoints=args.allow_static_endpoints,
     )
 
 
@@ -108,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
         registry=build_registry(op),
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
-        standalone=True if config.standalone else None,
+        # with leader election, kopf peering is not needed (and not auto-detected)
+        standalone=True
+        if config.standalone or (config.leader_election and not config.peering)
+        else None,
         peering_name=config.peering,
         priority=config.priority,
         liveness_endpoint=liveness,

@@ -51,6 +51,12 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.leader = Gauge(
+            "kvpool_operator_leader",
+            "1 while this replica holds the leader Lease (acts), 0 while it stands by.",
+            registry=r,
+        )
+
     def serve(self, port: int, host: str) -> None:
         """Serve /metrics in a background thread."""
         start_http_server(port, addr=host, registry=self.registry)

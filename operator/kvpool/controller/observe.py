@@ -16,9 +16,10 @@ import pydantic
 
 from kvpool.adapters import kube
 from kvpool.adapters.prometheus import MetricsSnapshot, PrometheusUnavailable
-from kvpool.api.modelpool import LoadStatus, ModelPoolStatus
+from kvpool.api.modelpool import LoadStatus, ModelPool, ModelPoolStatus
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.clock import utc_now
+from kvpool.domain.manifests import ANNOTATION_STATIC_ENDPOINTS
 from kvpool.domain.measurement import (
     METRICS_OFF,
     METRICS_OK,
@@ -102,3 +103,23 @@ def prior_status(op: Operator, key: tuple[str, str], body: Body) -> ModelPoolSta
         return ModelPoolStatus.model_validate(body.get("status") or {})
     except pydantic.ValidationError:
         return None
+
+
+def static_endpoints(op: Operator, pool: ModelPool) -> str | None:
+    """The pool's ``kvpool.dev/static-endpoints`` annotation, honoured only when the
+    operator runs with ``--allow-static-endpoints`` (local mode: no pods to discover). In
+    a cluster it is ignored (and logged): anyone allowed to annotate a ModelPool could
+    otherwise send every tenant's traffic for its model to any URL."""
+    text = pool.metadata.annotations.get(ANNOTATION_STATIC_ENDPOINTS)
+    if text and not op.config.allow_static_endpoints:
+        key = ("static-ignored", pool.metadata.namespace or "default", pool.metadata.name)
+        if key not in op.written:
+            op.written[key] = {}
+            log.warning(
+                "ModelPool %s/%s: annotation %s ignored (the operator runs without "
+                "--allow-static-endpoints)",
+                *key[1:],
+                ANNOTATION_STATIC_ENDPOINTS,
+            )
+        return None
+    return text

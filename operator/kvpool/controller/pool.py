@@ -37,6 +37,7 @@ from kvpool.controller.observe import (
     observe_metrics,
     observe_policy,
     prior_status,
+    static_endpoints,
 )
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import parse_static_endpoints
@@ -122,7 +123,7 @@ async def _plan_and_apply(
     op.metrics.warm_replicas.labels(namespace, name).set(warm)
 
     deployment = await _apply_children(op, pool, revision, warm)
-    static = pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS)
+    static = static_endpoints(op, pool)
     ready = (
         len(parse_static_endpoints(static))
         if static

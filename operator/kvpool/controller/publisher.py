@@ -30,7 +30,7 @@ from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.clock import utc_now
-from kvpool.controller.observe import assess_cached_namespace, prior_status
+from kvpool.controller.observe import assess_cached_namespace, prior_status, static_endpoints
 from kvpool.domain import conditions as c
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import (
@@ -66,7 +66,7 @@ def _pool_inputs(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> l
         status = op.statuses.get((namespace, pool.metadata.name)) or prior_status(
             op, (namespace, pool.metadata.name), body
         )
-        static = pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS)
+        static = static_endpoints(op, pool)
         pods: list[PodView] = list(op.cache.pods.get((namespace, pool.metadata.name), {}).values())
         endpoints = (
             parse_static_endpoints(static)

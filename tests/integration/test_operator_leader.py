@@ -1,0 +1,82 @@
+"""One active operator: two replicas share a coordination.k8s.io/v1 Lease, one acts.
+
+Given two ``kvpool operator`` processes (leader election on, a 3 s Lease), exactly one
+holds the Lease and reconciles; the other keeps its cache warm and does nothing. When
+the leader is killed (SIGKILL: no release), the other takes over within the Lease
+duration and plans what was created meanwhile; a graceful stop releases the Lease, so
+the hand-over takes about one retry.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from tests.integration.test_operator import given_policy_tenant_and_pool, mp, pool_builder, status
+from tests.operator_process import OperatorProcess, wait_until
+from tests.support.kube import KubeApi, resource_path
+
+LEASE = resource_path("coordination.k8s.io/v1", "leases", "default", "kvpool-operator")
+DURATION = 3.0
+RECONCILES = re.compile(r'^kvpool_operator_reconciles_total\{result="ok"\} (\S+)$', re.M)
+
+
+def holder(kube: KubeApi) -> str | None:
+    lease = kube.client.request("GET", LEASE)
+    return lease.body["spec"].get("holderIdentity") if lease.status == 200 else None
+
+
+def reconciles(op: OperatorProcess) -> float:
+    found = RECONCILES.search(op.metrics())
+    return float(found.group(1)) if found else 0.0
+
+
+def replica(kube: KubeApi, workdir: Path, name: str) -> OperatorProcess:
+    (workdir / name).mkdir()
+    return OperatorProcess(
+        kube, workdir / name, identity=name, extra_args=(f"--lease-duration={DURATION:g}s",)
+    )
+
+
+def test_two_replicas_one_acts_and_the_other_takes_over(kube_api: KubeApi, tmp_path: Path) -> None:
+    a, b = replica(kube_api, tmp_path, "a"), replica(kube_api, tmp_path, "b")
+    try:
+        # Given replica a leading and replica b started after it
+        a.start()
+        wait_until(lambda: holder(kube_api) == "a")
+        b.start()
+        given_policy_tenant_and_pool(kube_api)
+        wait_until(lambda: status(kube_api).get("plan"))
+
+        # Then only a acts, over several timer ticks (1 s) in which a leader re-plans
+        time.sleep(2.5)
+        assert reconciles(a) >= 2
+        assert reconciles(b) == 0
+        assert "kvpool_operator_leader 1.0" in a.metrics()
+        assert "kvpool_operator_leader 0.0" in b.metrics()
+        assert holder(kube_api) == "a"
+
+        # When a is killed (no release), b takes over within the Lease duration
+        killed = time.monotonic()
+        a.process.kill()
+        wait_until(lambda: holder(kube_api) == "b", timeout=DURATION * 3)
+        took = time.monotonic() - killed
+        assert took <= DURATION + 1.0, f"take-over took {took:.1f}s"
+        # and acts: a pool created now is planned by b
+        kube_api.client.create(mp(), pool_builder("second").dict())
+        wait_until(lambda: status(kube_api, "second").get("plan"))
+        assert reconciles(b) >= 1
+
+        # When a comes back it stands by; when b stops gracefully, a takes over at once
+        a.start()
+        time.sleep(1.0)
+        assert holder(kube_api) == "b" and reconciles(a) == 0
+        stopped = time.monotonic()
+        b.stop()
+        wait_until(lambda: holder(kube_api) == "a", timeout=DURATION * 3)
+        assert time.monotonic() - stopped < DURATION, "a released Lease is taken at once"
+        wait_until(lambda: reconciles(a) >= 1)
+    finally:
+        b.stop()
+        a.stop()
