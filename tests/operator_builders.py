@@ -88,11 +88,15 @@ def make_budget(tenant: str, namespace: str = "default") -> BudgetBuilder:
 
 
 def make_secret(name: str, key: str, value: str, namespace: str = "default") -> dict[str, Any]:
-    """A v1 Secret with one base64-encoded key."""
+    """A v1 Secret with one base64-encoded key, labelled for the operator to read."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kvpool.dev/api-key": "true"},
+        },
         "type": "Opaque",
         "data": {key: base64.b64encode(value.encode()).decode()},
     }

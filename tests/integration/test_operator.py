@@ -257,6 +257,31 @@ def test_tenant_and_secret_changes_update_the_config(
     wait_until(lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["beta"])
 
 
+def test_only_labelled_secrets_are_read(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: admission_config(kube_api)["tenants"])
+
+    # When a tenant's key sits in a Secret without the kvpool.dev/api-key label
+    secret = make_secret("beta-key", "api-key", "sk-beta")
+    del secret["metadata"]["labels"]
+    kube_api.client.create(core("secrets"), secret)
+    kube_api.client.create(tb(), make_budget("beta").tiers("batch").dict())
+
+    # Then the operator does not read it: the tenant is left out, and told why
+    st = wait_until(lambda: kube_api.client.get(tb("beta")).get("status"))
+    assert condition(st, "KeyResolved") == ("False", "SecretKeyNotFound")
+    assert "kvpool.dev/api-key" in st["conditions"][0]["message"]
+    assert [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme"]
+
+    # When the Secret is labelled, the tenant is served
+    kube_api.client.patch(
+        core("secrets", "beta-key"), {"metadata": {"labels": {"kvpool.dev/api-key": "true"}}}
+    )
+    wait_until(
+        lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme", "beta"]
+    )
+
+
 def test_a_missing_tier_policy_blocks_changes_until_it_appears(
     kube_api: KubeApi, operator: OperatorProcess
 ) -> None:

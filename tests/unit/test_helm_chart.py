@@ -83,9 +83,16 @@ def test_cluster_wide_operator_gets_a_cluster_role_with_status_only_writes() -> 
 def test_namespaced_operator_gets_a_role_and_the_flag() -> None:
     docs = render(VALUE_CASES["namespaced-operator-no-gateway"])
 
-    assert by_kind(docs, "ClusterRole") == []
-    (role,) = by_kind(docs, "Role")
-    assert role["metadata"]["namespace"] == "llm"
+    # the namespaced rules in a Role of the watched namespace; only cluster-scoped
+    # resources in a ClusterRole; the Lease in the release namespace
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "Role")}
+    assert roles["kvpool-operator"]["metadata"]["namespace"] == "llm"
+    assert roles["kvpool-operator-leader-election"]["metadata"]["namespace"] == "kvpool-system"
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
     (operator,) = by_kind(docs, "Deployment")
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=llm" in args
@@ -102,7 +109,7 @@ def test_gateway_reads_the_compiled_config_shares_the_plan_and_uses_redis() -> N
     assert "--configmap=llm" in args
     assert "--plan-share=50" in args  # two replicas, each admits against half the plan
     assert "--redis=redis://redis.kvpool:6379/0" in args
-    (role,) = by_kind(docs, "Role")
+    role = next(r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("gateway"))
     assert role["rules"] == [
         {
             "apiGroups": [""],

@@ -36,6 +36,11 @@ _WINDOW_SECONDS_CEL = (
 )
 
 
+# The operator watches only Secrets with this label (and digests only those a TenantBudget
+# references): it never reads the other Secrets of the cluster.
+API_KEY_SECRET_LABEL = "kvpool.dev/api-key"
+
+
 class BudgetLimit(ApiModel):
     """A token (and optionally request) budget over a sliding window."""
 
@@ -74,7 +79,11 @@ class TenantBudgetSpec(ApiModel):
         description="Tenant id, as it appears in metrics and access logs.",
     )
     api_key_secret_ref: SecretKeyReference = Field(
-        description="Secret key holding the tenant's API key (only its hash leaves the operator)."
+        description=(
+            "Secret key holding the tenant's API key (only its hash leaves the operator). "
+            f'The Secret must carry the label {API_KEY_SECRET_LABEL}: "true"; the operator '
+            "reads no other Secrets."
+        )
     )
     tier_policy_ref: LocalObjectReference | None = Field(
         default=None,

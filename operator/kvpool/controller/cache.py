@@ -11,7 +11,9 @@ worker wait on one shared "all indexed" toggle, which costs O(objects^2) wake-up
 1,000 pools and 10,000 budgets and Secrets the operator did not start acting within
 minutes. Lists plus events are linear.)
 
-Secrets are reduced to SHA-256 digests of their values as they arrive: no API key is held.
+Secrets: only those labelled ``kvpool.dev/api-key`` are listed and watched (the label
+selector is applied by the API server), and they are reduced to SHA-256 digests of their
+values as they arrive: no API key is held, no other Secret is read.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -123,6 +125,20 @@ class Cache:
         else:
             self.secrets[key] = secret_digests(body)
 
+    def replace_secrets(self, namespace: str | None, bodies: Sequence[Body]) -> None:
+        """The complete set of labelled Secrets of a namespace (None: all), after a list."""
+        for key in [k for k in self.secrets if namespace in (None, k[0])]:
+            del self.secrets[key]
+        for body in bodies:
+            self.put_secret(_ns_name(body), body)
+
+    def replace_pods(self, namespace: str | None, bodies: Sequence[Body]) -> None:
+        """The complete set of engine Pods of a namespace (None: all), after a list."""
+        for key in [k for k in self.pods if namespace in (None, k[0])]:
+            del self.pods[key]
+        for body in bodies:
+            self.put_pod(_ns_name(body), body)
+
     def put_pod(self, key: Key, body: Body | None) -> None:
         ns, name = key
         for (pod_ns, _), pods in self.pods.items():
@@ -174,16 +190,16 @@ class Cache:
 
 
 async def fill_cache(cache: Cache, client: kube.KubeClient, namespaces: tuple[str, ...]) -> None:
-    """One list per kind (cluster-wide, or per watched namespace) into an empty cache."""
+    """One list per kvpool kind (cluster-wide, or per watched namespace) into an empty cache.
+
+    Secrets and Pods come from label-selected watches (:mod:`kvpool.controller.watches`),
+    primed before any handler acts."""
     scopes: tuple[str | None, ...] = namespaces or (None,)
     for ns in scopes:
         for resource, put in (
             (kube.TIERPOLICIES, cache.put_policy),
             (kube.TENANTBUDGETS, cache.put_budget),
-            (kube.SECRETS, cache.put_secret),
             (kube.MODELPOOLS, cache.put_pool),
         ):
             for body in await client.list_objects(resource, ns):
                 put(_ns_name(body), body)
-        for body in await client.list_objects(kube.PODS, ns, selector=LABEL_POOL):
-            cache.put_pod(_ns_name(body), body)

@@ -12,9 +12,10 @@ Re-plan triggers:
 - ModelPool: a change of generation, labels or annotations, or deletion (status writes
   are not changes: the operator's own status patches must not re-trigger it);
 - TierPolicy: every pool of the namespace that references it, then the namespace config;
-- TenantBudget, and Secrets that a TenantBudget references: the namespace config;
+- TenantBudget: the namespace config;
 - engine Deployments (label ``kvpool.dev/pool``): their ready/desired counts;
-- engine Pods (label ``kvpool.dev/pool``): IP or readiness -> the config's endpoints;
+- (outside kopf, :mod:`kvpool.controller.watches`: Secrets labelled ``kvpool.dev/api-key``
+  that a TenantBudget references, engine Pods labelled ``kvpool.dev/pool`` -> the config);
 - a timer per pool (``--measure-interval``, default 15 s): a new measurement.
 
 The cache (:mod:`kvpool.controller.cache`) is filled by one list per kind in the start-up
@@ -31,10 +32,11 @@ from typing import Any
 
 import kopf
 
-from kvpool.controller.cache import fill_cache, pod_view, secret_digests
+from kvpool.controller.cache import fill_cache
 from kvpool.controller.context import Operator
 from kvpool.controller.leader import LeaderElector
 from kvpool.controller.pool import cleanup_pool
+from kvpool.controller.watches import start_watches
 from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         await fill_cache(op.cache, op.kube, cfg.namespaces)
+        await start_watches(op, cfg.namespaces)
         if cfg.leader_election:
             op.leader = LeaderElector(
                 client=op.kube,
@@ -185,23 +188,6 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         ns, name, body = _event(kw)
         op.cache.put_budget((ns, name), body)
         if seen.changed("budget", ns, name, (*_essence(kw["meta"]), body is None)):
-            await op.publisher.request(ns)
-
-    @kopf.on.event("v1", "secrets", id="secret_event", registry=registry)
-    async def secret_event(**kw: Any) -> None:
-        ns, name, body = _event(kw)
-        op.cache.put_secret((ns, name), body)
-        digests = json.dumps(secret_digests(body), sort_keys=True) if body is not None else None
-        if seen.changed("secret", ns, name, digests) and op.cache.referenced_secret(ns, name):
-            await op.publisher.request(ns)
-
-    @kopf.on.event(
-        "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, id="pod_event", registry=registry
-    )
-    async def pod_event(**kw: Any) -> None:
-        ns, name, body = _event(kw)
-        op.cache.put_pod((ns, name), body)
-        if seen.changed("pod", ns, name, pod_view(body) if body is not None else None):
             await op.publisher.request(ns)
 
     @kopf.on.event(

@@ -24,7 +24,7 @@ from typing import Literal
 
 from kvpool.api.common import Condition, ConditionStatus
 from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, PlanStatus, ReplicaStatus
-from kvpool.api.tenantbudget import TenantBudgetStatus
+from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL, TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.domain import conditions as c
 from kvpool.domain.measurement import (
@@ -390,8 +390,8 @@ def build_budget_status(
     else:
         status, reason = "False", c.SECRET_NOT_FOUND
         message = (
-            f"Secret {secret!r} or its key {key!r} not found: the tenant is left out of "
-            "the admission config (its requests get 401)"
+            f"Secret {secret!r} (labelled {API_KEY_SECRET_LABEL}) or its key {key!r} not "
+            "found: the tenant is left out of the admission config (its requests get 401)"
         )
     conds = c.set_condition(
         (prior.conditions if prior else []),
