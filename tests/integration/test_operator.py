@@ -523,3 +523,39 @@ def test_a_pool_deleted_while_the_operator_was_down_is_cleaned_up(
         assert names(kube_api, "poddisruptionbudgets", "policy/v1") == []
     finally:
         op.stop()
+
+
+def test_hand_edits_of_owned_fields_are_restored(
+    kube_api: KubeApi, operator: OperatorProcess
+) -> None:
+    given_policy_tenant_and_pool(kube_api)
+    deployment = core("deployments", "chat-stable", api="apps/v1")
+    wait_until(lambda: kube_api.client.get(deployment))
+    image = kube_api.client.get(deployment)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    # When someone patches the engine image and the Service selector by hand
+    # (kvpool's spec-hash annotation stays as it was)
+    ops = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil"}]
+    kube_api.client.json_patch(deployment, ops)
+    kube_api.client.patch(core("services", "chat-stable"), {"spec": {"selector": {"x": "y"}}})
+
+    # Then the next reconcile (a timer tick at most) puts back what kvpool owns, and says so
+    wait_until(
+        lambda: (
+            kube_api.client.get(deployment)["spec"]["template"]["spec"]["containers"][0]["image"]
+            == image
+        )
+    )
+    wait_until(
+        lambda: (
+            kube_api.client.get(core("services", "chat-stable"))["spec"]["selector"]
+            == {"kvpool.dev/pool": "chat", "kvpool.dev/track": "stable"}
+        )
+    )
+    assert "DriftRestored" in wait_until(lambda: events(kube_api))
+
+    # When someone rewrites the compiled config by hand, it is put back too
+    good = wait_until(lambda: admission_config(kube_api)["pools"] and admission_config(kube_api))
+    forged = json.dumps(good | {"tenants": []})
+    kube_api.client.patch(core("configmaps", "kvpool-admission"), {"data": {"config.json": forged}})
+    wait_until(lambda: admission_config(kube_api)["tenants"] == good["tenants"])

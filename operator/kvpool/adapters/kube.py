@@ -14,7 +14,9 @@ retried by kopf.
 
 Each ``apply_*`` owns one kind of child and writes only when the child's
 ``kvpool.dev/spec-hash`` annotation (or the Deployment's replica count) differs from the
-desired object, so an unchanged plan makes no writes and triggers no watch events.
+desired object, or when a field kvpool owns was edited by hand (drift, compared tolerating
+server defaults: :mod:`kvpool.domain.drift`), so an unchanged plan makes no writes and
+triggers no watch events.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from typing import Any
 
 import aiohttp
 
+from kvpool.api.admission_config import CONFIGMAP_KEY, AdmissionConfig
+from kvpool.domain.compile import config_hash
+from kvpool.domain.drift import find_drift
 from kvpool.domain.leadership import LeaseRecord
 from kvpool.domain.manifests import (
     ANNOTATION_CONFIG_HASH,
@@ -303,10 +308,13 @@ async def apply_owned(
     *,
     owned: tuple[str, ...] = ("spec",),
     hash_annotation: str = ANNOTATION_SPEC_HASH,
+    drift: Callable[[JsonObject, JsonObject], list[str]] | None = None,
 ) -> tuple[JsonObject, str]:
     """Create ``desired`` or bring the existing object to it; returns (object, action).
 
-    ``action`` is ``created``, ``updated``, ``scaled`` or ``unchanged``.
+    ``action`` is ``created``, ``updated`` (the spec-hash changed), ``restored`` (the hash
+    is ours but a field we own was edited by hand: :func:`kvpool.domain.drift.find_drift`),
+    ``scaled`` or ``unchanged``.
     """
     ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
     current = await client.get(resource, ns, name)
@@ -322,6 +330,17 @@ async def apply_owned(
     if _annotation(current, hash_annotation) != _annotation(desired, hash_annotation):
         patched = await client.json_patch(resource, ns, name, _replace_ops(current, desired, owned))
         return patched or current, "updated"
+    drifted = (drift or (lambda c, d: owned_drift(c, d, owned)))(current, desired)
+    if drifted:
+        log.warning(
+            "%s %s/%s: restoring fields edited outside kvpool: %s",
+            resource.plural,
+            ns,
+            name,
+            ", ".join(drifted),
+        )
+        patched = await client.json_patch(resource, ns, name, _replace_ops(current, desired, owned))
+        return patched or current, "restored"
     want_replicas = (desired.get("spec") or {}).get("replicas")
     if want_replicas is not None and (current.get("spec") or {}).get("replicas") != want_replicas:
         patched = await client.merge_patch(
@@ -329,6 +348,17 @@ async def apply_owned(
         )
         return patched or current, "scaled"
     return current, "unchanged"
+
+
+def owned_drift(current: JsonObject, desired: JsonObject, owned: tuple[str, ...]) -> list[str]:
+    """Fields kvpool owns (the ``owned`` parts and its labels) that no longer match;
+    ``spec.replicas`` is compared on its own (scaling is not drift)."""
+    want: JsonObject = {field: desired.get(field) for field in owned}
+    spec = want.get("spec")
+    if isinstance(spec, dict):
+        want["spec"] = {k: v for k, v in spec.items() if k != "replicas"}
+    want["metadata"] = {"labels": (desired.get("metadata") or {}).get("labels") or {}}
+    return find_drift(want, current)
 
 
 async def apply_deployment(client: KubeClient, desired: JsonObject) -> tuple[JsonObject, str]:
@@ -347,11 +377,28 @@ async def apply_pdb(client: KubeClient, desired: JsonObject) -> tuple[JsonObject
 
 
 async def apply_admission_configmap(client: KubeClient, desired: JsonObject) -> str:
-    """The namespace's compiled admission ConfigMap (rewritten when its config hash differs)."""
+    """The namespace's compiled admission ConfigMap (rewritten when its config hash differs,
+    or when its content no longer hashes to it: a hand-edited config is put back)."""
     _, action = await apply_owned(
-        client, CONFIGMAPS, desired, owned=("data",), hash_annotation=ANNOTATION_CONFIG_HASH
+        client,
+        CONFIGMAPS,
+        desired,
+        owned=("data",),
+        hash_annotation=ANNOTATION_CONFIG_HASH,
+        drift=_config_drift,
     )
     return action
+
+
+def _config_drift(current: JsonObject, desired: JsonObject) -> list[str]:
+    """The stored config no longer hashes to kvpool's config-hash (``generatedAt`` aside)."""
+    text = (current.get("data") or {}).get(CONFIGMAP_KEY)
+    try:
+        stored = config_hash(AdmissionConfig.model_validate_json(text or ""))
+    except ValueError:
+        return [f"data.{CONFIGMAP_KEY}"]
+    want = _annotation(desired, ANNOTATION_CONFIG_HASH)
+    return [] if stored == want else [f"data.{CONFIGMAP_KEY}"]
 
 
 async def apply_status(

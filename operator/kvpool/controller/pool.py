@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EVENT_DRIFT = "DriftRestored"  # a child's owned fields were edited by hand and put back
+
 Body = Mapping[str, Any]
 
 
@@ -122,7 +124,7 @@ async def _plan_and_apply(
     op.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
     op.metrics.warm_replicas.labels(namespace, name).set(warm)
 
-    deployment = await _apply_children(op, pool, revision, warm)
+    deployment = await _apply_children(op, body, pool, revision, warm)
     static = static_endpoints(op, pool)
     ready = (
         len(parse_static_endpoints(static))
@@ -146,16 +148,23 @@ async def _plan_and_apply(
 
 
 async def _apply_children(
-    op: Operator, pool: ModelPool, revision: str, warm: int
+    op: Operator, body: Body, pool: ModelPool, revision: str, warm: int
 ) -> kube.JsonObject:
-    """Deployment, Service and PDB of the stable track; returns the Deployment."""
-    deployment, _ = await kube.apply_deployment(
+    """Deployment, Service and PDB of the stable track; returns the Deployment. A child
+    whose owned fields were edited by hand is restored, with a Warning Event saying so."""
+    deployment, action = await kube.apply_deployment(
         op.kube, m.build_deployment(pool, revision, warm, "stable")
     )
+    restored = ["Deployment"] if action == "restored" else []
     await _testing_pause(op)
-    await kube.apply_service(op.kube, m.build_service(pool, "stable"))
+    _, action = await kube.apply_service(op.kube, m.build_service(pool, "stable"))
+    restored += ["Service"] if action == "restored" else []
     await _testing_pause(op)
-    await kube.apply_pdb(op.kube, m.build_pdb(pool, warm))
+    _, action = await kube.apply_pdb(op.kube, m.build_pdb(pool, warm))
+    restored += ["PodDisruptionBudget"] if action == "restored" else []
+    if restored:
+        message = f"restored fields kvpool owns, edited outside kvpool: {', '.join(restored)}"
+        await kube.create_event(op.kube, body, "Warning", EVENT_DRIFT, message, utc_now())
     return deployment
 
 
