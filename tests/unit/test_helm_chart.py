@@ -132,12 +132,33 @@ def test_engine_pod_monitor_relabels_what_the_operator_queries() -> None:
     assert by_kind(render(), "PodMonitor") == []
 
 
+def test_network_policy_lets_only_the_gateway_and_prometheus_reach_engines() -> None:
+    assert by_kind(render(), "NetworkPolicy") == []
+    docs = render({"networkPolicy": {"enabled": True}, "gateway": {"poolNamespace": "llm"}})
+
+    (policy,) = by_kind(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+    assert policy["metadata"]["namespace"] == "llm"
+    assert policy["spec"]["podSelector"]["matchExpressions"] == [
+        {"key": "kvpool.dev/pool", "operator": "Exists"}
+    ]
+    gateway, prometheus = policy["spec"]["ingress"][0]["from"]
+    gateway_pods = next(
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("gateway")
+    )["spec"]["template"]["metadata"]["labels"]
+    assert gateway["podSelector"]["matchLabels"].items() <= gateway_pods.items()
+    assert prometheus["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+
+
 BAD_VALUES = {
     "unknown-top-level-key": {"gatewy": {}},
     "zero-operator-replicas": {"operator": {"replicas": 0}},
     "prometheus-url-without-scheme": {"operator": {"prometheusUrl": "prometheus:9090"}},
     "redis-url-not-redis": {"gateway": {"redisUrl": "http://redis:6379"}},
     "bad-pull-policy": {"image": {"repository": "x", "pullPolicy": "Sometimes"}},
+    "network-policy-unknown-key": {"networkPolicy": {"enabled": True, "egress": []}},
 }
 
 

@@ -701,6 +701,26 @@ CEL_RULES: dict[str, tuple[str, Any, Any]] = {
     "window-hours": ("self.window.endsWith('d')", {"window": "744h"}, {"window": "745h"}),
     "window-minutes": ("self.window.endsWith('d')", {"window": "1m"}, {"window": "0m"}),
     "window-seconds": ("self.window.endsWith('d')", {"window": "60s"}, {"window": "59s"}),
+    "env-one-source": (
+        "has(self.fieldRef)].filter",
+        {"secretKeyRef": {"name": "s", "key": "k"}},
+        {"secretKeyRef": {"name": "s", "key": "k"}, "fieldRef": {"fieldPath": "x"}},
+    ),
+    "env-value-or-value-from": (
+        "has(self.valueFrom) && has(self.value)",
+        {"name": "A", "value": "", "valueFrom": {}},
+        {"name": "A", "value": "x", "valueFrom": {}},
+    ),
+    "env-from-one-source": (
+        "has(self.secretRef) != has(self.configMapRef)",
+        {"secretRef": {"name": "s"}},
+        {"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}},
+    ),
+    "lifecycle-one-action": (
+        "has(self.sleep)].filter",
+        {"sleep": {"seconds": 5}},
+        {"sleep": {"seconds": 5}, "exec": {"command": ["x"]}},
+    ),
 }
 
 

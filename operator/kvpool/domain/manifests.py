@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME
 from kvpool.api.common import API_VERSION
-from kvpool.api.modelpool import ModelPool
+from kvpool.api.modelpool import EnvVar, ModelPool
 
 Track = Literal["stable", "canary"]
 TRACKS: tuple[Track, ...] = ("stable", "canary")
@@ -144,6 +144,38 @@ def _metadata(pool: ModelPool, name: str, track: Track | None, body: JsonObject)
     }
 
 
+def build_env_var(env: EnvVar) -> JsonObject:
+    """One container env entry: ``{name, value}`` or ``{name, valueFrom}``."""
+    if env.value_from is not None:
+        return {"name": env.name, "valueFrom": env.value_from.to_wire()}
+    return {"name": env.name, "value": env.value}
+
+
+def add_pod_fields(pod_spec: JsonObject, container: JsonObject, pool: ModelPool) -> None:
+    """The pod fields ``spec.engine`` passes through as they are (same names and shapes as
+    a Pod spec); only those set are written, so pools that set none keep their spec-hash."""
+    engine = pool.spec.engine
+    container_fields: dict[str, Any] = {
+        "envFrom": [e.to_wire() for e in engine.env_from],
+        "volumeMounts": [v.to_wire() for v in engine.volume_mounts],
+        "securityContext": engine.security_context.to_wire() if engine.security_context else None,
+        "lifecycle": engine.lifecycle.to_wire() if engine.lifecycle else None,
+    }
+    pod_fields: dict[str, Any] = {
+        "volumes": [dict(v) for v in engine.volumes],
+        "serviceAccountName": engine.service_account_name,
+        "imagePullSecrets": [r.to_wire() for r in engine.image_pull_secrets],
+        "affinity": dict(engine.affinity) if engine.affinity else None,
+        "priorityClassName": engine.priority_class_name,
+        "securityContext": (
+            engine.pod_security_context.to_wire() if engine.pod_security_context else None
+        ),
+        "terminationGracePeriodSeconds": engine.termination_grace_period_seconds,
+    }
+    container.update({k: v for k, v in container_fields.items() if v not in (None, [], {})})
+    pod_spec.update({k: v for k, v in pod_fields.items() if v not in (None, [], {})})
+
+
 def build_pod_template(pool: ModelPool, revision: str, track: Track) -> JsonObject:
     """The engine pod template (labels carry the revision; scrape annotations included)."""
     engine = pool.spec.engine
@@ -153,7 +185,7 @@ def build_pod_template(pool: ModelPool, revision: str, track: Track) -> JsonObje
         "command": list(ENGINE_COMMAND),
         "args": build_engine_args(pool),
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
-        "env": [{"name": e.name, "value": e.value} for e in engine.env],
+        "env": [build_env_var(e) for e in engine.env],
         "resources": engine.resources.to_wire(),
         # The engine loads weights before /health answers: a generous startup probe,
         # then readiness gates traffic and liveness restarts a wedged engine.
@@ -166,6 +198,7 @@ def build_pod_template(pool: ModelPool, revision: str, track: Track) -> JsonObje
         pod_spec["nodeSelector"] = dict(engine.node_selector)
     if engine.tolerations:
         pod_spec["tolerations"] = [t.to_wire() for t in engine.tolerations]
+    add_pod_fields(pod_spec, container, pool)
     labels = build_labels(pool.metadata.name, track) | {LABEL_REVISION: revision}
     return {
         "metadata": {

@@ -24,17 +24,46 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from kvpool.api.modelpool import EngineSpec, ModelPoolSpec, ModelRef
 
 REVISION_LENGTH = 10
 
 
+# Engine fields added after v1alpha1 first shipped: left out of the hash while unset, so
+# an operator upgrade does not give every existing pool a new revision (and restart it).
+LATER_ENGINE_FIELDS = (
+    "envFrom",
+    "volumes",
+    "volumeMounts",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "affinity",
+    "priorityClassName",
+    "securityContext",
+    "podSecurityContext",
+    "terminationGracePeriodSeconds",
+    "lifecycle",
+)
+
+
+def _engine_for_hash(engine: EngineSpec) -> dict[str, Any]:
+    dumped: dict[str, Any] = engine.model_dump(by_alias=True, mode="json")
+    for name in LATER_ENGINE_FIELDS:
+        if dumped.get(name) in (None, [], {}):
+            dumped.pop(name, None)
+    for env in dumped.get("env", []):
+        if env.get("valueFrom") is None:
+            env.pop("valueFrom", None)
+    return dumped
+
+
 def build_revision(model: ModelRef, engine: EngineSpec) -> str:
     """The revision hash of a model and engine spec (10 lower-case hex digits)."""
     defining = {
         "model": {"name": model.name, "servedName": model.served_name, "version": model.version},
-        "engine": engine.model_dump(by_alias=True, mode="json"),
+        "engine": _engine_for_hash(engine),
     }
     canonical = json.dumps(defining, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_LENGTH]

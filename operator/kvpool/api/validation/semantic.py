@@ -8,9 +8,9 @@ to hear before the operator acts on it:
 - TierPolicy: a classification rule without any matcher matches every request, so the
   rules after it can never match;
 - ModelPool: engine ``args`` that repeat a flag the operator sets from a typed field
-  (``--max-model-len`` from ``engine.maxModelLen``...), and a declared
+  (``--max-model-len`` from ``engine.maxModelLen``...), a declared
   ``kvTokensPerReplica`` too small to hold one ``maxModelLen`` sequence (vLLM refuses to
-  start such an engine).
+  start such an engine), volumes without a (unique) name and mounts naming no volume.
 
 Worked example: limits ``[{window: 1h, tokens: 100}, {window: 60m, tokens: 50}]`` give
 ``Finding("spec.limits[1].window", "'60m' is the same window as spec.limits[0].window
@@ -73,6 +73,28 @@ def check_tier_policy(policy: TierPolicy) -> list[Finding]:
     return []
 
 
+def _volume_findings(pool: ModelPool) -> list[Finding]:
+    """Volumes (kept as given, not typed) need a unique name; mounts must name one."""
+    engine = pool.spec.engine
+    findings, names = [], set()
+    for index, volume in enumerate(engine.volumes):
+        name = volume.get("name")
+        if not isinstance(name, str) or not name:
+            findings.append(Finding(f"spec.engine.volumes[{index}].name", "required"))
+        elif name in names:
+            findings.append(Finding(f"spec.engine.volumes[{index}].name", f"duplicate {name!r}"))
+        names.add(name)
+    for index, mount in enumerate(engine.volume_mounts):
+        if mount.name not in names:
+            findings.append(
+                Finding(
+                    f"spec.engine.volumeMounts[{index}].name",
+                    f"no volume {mount.name!r} in spec.engine.volumes",
+                )
+            )
+    return findings
+
+
 def check_model_pool(pool: ModelPool) -> list[Finding]:
     """Engine args that fight typed fields, and a declared KV size below one sequence."""
     findings = []
@@ -85,6 +107,7 @@ def check_model_pool(pool: ModelPool) -> list[Finding]:
                     f"{flag} is set from {OWNED_ENGINE_FLAGS[flag]}; remove it from args",
                 )
             )
+    findings += _volume_findings(pool)
     declared = pool.spec.capacity.kv_tokens_per_replica
     max_len = pool.spec.engine.max_model_len
     if declared is not None and declared < max_len:
