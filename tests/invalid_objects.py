@@ -33,6 +33,8 @@ class InvalidCase:
     body: dict[str, Any]  # the invalid object (namespace default)
     path: str  # the field path the finding names
     reason: str  # the finding's reason (its start, when it goes on)
+    server_rejects: bool = True  # False: a rule across objects or beyond CEL (an API
+    # server accepts the object; kvpool validate and the operator refuse it)
 
 
 def _policy_rule_unknown_tier() -> dict[str, Any]:
@@ -73,6 +75,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         baseline_pool().peak(interactive=6, premium=4).dict(),
         "spec.capacity.peakConcurrency.premium",
         "tier 'premium' is not in TierPolicy 'tiers'",
+        server_rejects=False,
     ),
     InvalidCase(
         "pool-canary-names-unknown-tier",
@@ -80,6 +83,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         _pool_canary_tiers("gold"),
         "spec.rollout.canaryTiers[0]",
         "tier 'gold' is not in TierPolicy 'tiers'",
+        server_rejects=False,
     ),
     InvalidCase(
         "pool-max-model-len-not-a-number",
@@ -101,6 +105,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         make_budget("acme").tiers("interactive", "gold").limit("1h", 10_000).dict(),
         "spec.tiers[1]",
         "tier 'gold' is not in TierPolicy 'tiers'",
+        server_rejects=False,
     ),
     InvalidCase(
         "budget-same-window-twice",
@@ -108,6 +113,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         make_budget("acme").tiers("interactive").limit("1h", 10).limit("60m", 5).dict(),
         "spec.limits[1].window",
         "'60m' is the same window as spec.limits[0].window",
+        server_rejects=False,
     ),
 )
 PLURALS = {"TierPolicy": "tierpolicies", "ModelPool": "modelpools", "TenantBudget": "tenantbudgets"}

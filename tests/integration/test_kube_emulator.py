@@ -24,6 +24,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from kvpool.api import API_VERSION
+from tests.operator_builders import declared_pool, make_budget, standard_policy
 from tests.support.kube import JSON_PATCH, MERGE_PATCH, KubeApi, load_crds, resource_path
 from tests.support.kube_emulator import kopf_peering_crds
 
@@ -54,15 +55,25 @@ def build_pool(
         meta["labels"] = labels
     if finalizers:
         meta["finalizers"] = finalizers
+    spec = declared_pool().dict()["spec"]  # valid: the emulator enforces the CRD schema
+    spec["model"]["name"] = model
     return {"apiVersion": API_VERSION, "kind": "ModelPool", "metadata": meta,
-            "spec": {"model": {"name": model}}, **extra}  # fmt: skip
+            "spec": spec, **extra}  # fmt: skip
+
+
+VALID_SPECS = {
+    "ModelPool": lambda: declared_pool().dict()["spec"],
+    "TierPolicy": lambda: standard_policy().dict()["spec"],
+    "TenantBudget": lambda: make_budget("acme").dict()["spec"],
+}
 
 
 def build_object(crd: dict[str, Any], name: str) -> dict[str, Any]:
-    """Any object of a CRD's kind (the emulator validates no schema)."""
+    """A valid object of a CRD's kind (the emulator enforces the CRD's schema and rules)."""
     version = crd["spec"]["versions"][0]["name"]
-    return {"apiVersion": f"{crd['spec']['group']}/{version}", "kind": crd["spec"]["names"]["kind"],
-            "metadata": {"name": name}, "spec": {}}  # fmt: skip
+    kind = crd["spec"]["names"]["kind"]
+    return {"apiVersion": f"{crd['spec']['group']}/{version}", "kind": kind,
+            "metadata": {"name": name}, "spec": VALID_SPECS.get(kind, dict)()}  # fmt: skip
 
 
 def crd_path(crd: dict[str, Any], namespace: str | None = "default") -> str:
@@ -131,8 +142,14 @@ def test_create_refusals(kube_api: KubeApi, body: dict[str, Any], status: int, r
 def test_resource_versions_grow_across_kinds(kube_api: KubeApi) -> None:
     cms = resource_path("v1", "configmaps", "default")
     created = [
-        kube_api.client.create(path, {"metadata": {"name": f"o{i}"}})
-        for i, path in enumerate([pools(), cms, pools()])
+        kube_api.client.create(path, {"metadata": {"name": f"o{i}"}, **body})
+        for i, (path, body) in enumerate(
+            [
+                (pools(), {"spec": build_pool()["spec"]}),
+                (cms, {}),
+                (pools(), {"spec": build_pool()["spec"]}),
+            ]
+        )
     ]
     versions = [int(obj["metadata"]["resourceVersion"]) for obj in created]
 
@@ -515,7 +532,8 @@ def kopf_operator(kube_api: KubeApi) -> Iterator[kopf.OperatorRegistry]:
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
     def serve(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, **_: Any) -> None:
-        patch.status["servedModel"] = spec["model"]["name"]
+        # a field of the schema: the emulator prunes unknown status fields, as a server does
+        patch.status["phase"] = spec["model"]["name"]
         patch.status["observedGeneration"] = meta["generation"]
 
     @kopf.on.delete(*resource, registry=registry)
@@ -544,16 +562,16 @@ def test_kopf_operator_handles_a_modelpool_lifecycle(
 
     with KopfRunner(["run", "-A", "--standalone"], registry=kopf_operator, timeout=10) as runner:
         client.create(pools(), build_pool("a"))
-        created = wait_for(get_pool, lambda r: r.body.get("status", {}).get("servedModel"))
+        created = wait_for(get_pool, lambda r: r.body.get("status", {}).get("phase"))
         client.patch(pools(name="a"), {"spec": {"model": {"name": "big"}}})
         updated = wait_for(get_pool, lambda r: r.body["status"].get("observedGeneration") == 2)
         client.delete(pools(name="a"))
         gone = wait_for(get_pool, lambda r: r.status == 404)
 
     assert runner.exit_code == 0
-    assert created.body["status"]["servedModel"] == "tiny"
+    assert created.body["status"]["phase"] == "tiny"
     assert created.body["metadata"]["finalizers"]  # kopf's own, which made the deletion wait
-    assert updated.body["status"]["servedModel"] == "big"
+    assert updated.body["status"]["phase"] == "big"
     assert gone.status == 404
     assert (
         client.request("GET", resource_path("v1", "configmaps", "default", "deleted-a")).status
@@ -576,11 +594,11 @@ def test_kopf_operator_with_peering_announces_itself(
         ["run", "-A", "--peering=kvpool"], registry=kopf_operator, timeout=10
     ) as runner:
         kube_api.client.create(pools(), build_pool("a"))
-        served = wait_for(get_pool, lambda r: r.body.get("status", {}).get("servedModel"))
+        served = wait_for(get_pool, lambda r: r.body.get("status", {}).get("phase"))
         announced = wait_for(get_peering, lambda p: p.get("status"))
 
     assert runner.exit_code == 0
-    assert served.body["status"]["servedModel"] == "tiny"
+    assert served.body["status"]["phase"] == "tiny"
     assert announced["status"]  # kopf's keep-alive entry for this operator
 
 

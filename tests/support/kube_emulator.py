@@ -24,13 +24,24 @@ itself, as one low-priority fallback, with these semantics:
   ...;as=Table`` answers a ``meta.k8s.io/v1`` Table built from the CRD printer columns, so
   ``kubectl get`` shows them;
 - discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``) lists the
-  built-in resources below and every registered CRD with shortNames and categories.
+  built-in resources below and every registered CRD with shortNames and categories;
+- custom resources are admitted as an API server admits them: schema defaults applied,
+  unknown fields pruned (refused with ``?fieldValidation=Strict``), then the CRD's
+  OpenAPI schema and ``x-kubernetes-validations`` (CEL) enforced with
+  :mod:`kvpool.api.validation` (a 422 ``Invalid`` naming each field path, as kubectl shows
+  it); a write that leaves an already invalid field unchanged passes (ratcheting, so an
+  object stored before a CRD upgrade can still get its status and finalizers written).
+  :meth:`KubeEmulator.store` writes straight into storage, with no admission, for tests
+  of what an operator does with objects a server would have refused;
+- deleting an object garbage-collects its dependents (``ownerReferences`` by uid,
+  background cascading deletion);
+- field selectors: ``=``, ``==`` and ``!=`` on any field path (``kubectl describe`` asks
+  for Events by ``involvedObject.*``).
 
 Not emulated (answered with an explicit error, never silently ignored): PUT/replace (405),
-server-side apply (415), deletecollection (405), field selectors other than
-``metadata.name``/``metadata.namespace`` (400). Not emulated at all: garbage collection by
-ownerReferences, schema validation/pruning/defaulting, admission, RBAC, namespace
-existence checks.
+server-side apply (415), deletecollection (405). Not emulated at all: orphan/foreground
+deletion propagation, admission webhooks, RBAC, namespace existence checks, validation of
+built-in kinds.
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ import jsonpatch
 import kmock
 from kmock._internal import apps, enums, references, rendering
 
+from kvpool.api.validation import Finding, check_extensions
+from kvpool.api.validation.rules import UNEVALUATED
+from kvpool.api.validation.schema import apply_defaults, check_value
+
 Obj = dict[str, Any]
 TABLE_ACCEPT = "as=Table"
 MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
@@ -72,6 +87,9 @@ class ApiResource:
     categories: tuple[str, ...] = ()
     subresources: frozenset[str] = frozenset()  # e.g. {"status"}
     printer_columns: tuple[Mapping[str, Any], ...] = ()  # CRD additionalPrinterColumns
+    schema: Mapping[str, Any] | None = dataclasses.field(  # CRD openAPIV3Schema
+        default=None, compare=False, hash=False
+    )
 
     @property
     def api_version(self) -> str:
@@ -138,6 +156,7 @@ def resources_of_crd(crd: Mapping[str, Any]) -> list[ApiResource]:
             categories=tuple(names.get("categories", ())),
             subresources=frozenset(v.get("subresources", {})),
             printer_columns=tuple(v.get("additionalPrinterColumns", ())),
+            schema=(v.get("schema") or {}).get("openAPIV3Schema"),
         )
         for v in spec["versions"]
         if v.get("served", True)
@@ -288,6 +307,81 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# --- admission of custom resources: defaults, pruning, schema and CEL ---------------------------
+
+TOP_LEVEL = ("apiVersion", "kind", "metadata")
+
+
+def prune(schema: Mapping[str, Any], value: Any, path: str = "") -> tuple[Any, list[str]]:
+    """``value`` without the fields its structural schema does not know (as the API server
+    prunes them), and the paths removed. ``x-kubernetes-preserve-unknown-fields`` keeps a
+    node as it is.
+
+    >>> prune({"type": "object", "properties": {"a": {"type": "integer"}}}, {"a": 1, "b": 2})
+    ({'a': 1}, ['b'])
+    """
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value, []
+    removed: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if not path and key in TOP_LEVEL:  # metadata is the server's, never pruned
+                out[key] = item
+                continue
+            child = props.get(key) if props is not None else None
+            if child is None and isinstance(extra, dict):
+                child = extra
+            if child is None:
+                removed.append(where)
+                continue
+            out[key], gone = prune(child, item, where)
+            removed += gone
+        return out, removed
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        items = []
+        for index, item in enumerate(value):
+            kept, gone = prune(schema["items"], item, f"{path}[{index}]")
+            items.append(kept)
+            removed += gone
+        return items, removed
+    return value, removed
+
+
+_MISSING = object()
+
+
+def value_at(obj: Any, path: str) -> Any:
+    """The value at a finding's path (``spec.tiers[0].floorPercent``), or a marker when
+    absent; findings with an empty path name the whole object.
+
+    >>> value_at({"spec": {"tiers": [{"floorPercent": 5}]}}, "spec.tiers[0].floorPercent")
+    5
+    """
+    node: Any = obj
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        if name and isinstance(node, dict) and name in node:
+            node = node[name]
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return _MISSING
+    return node
+
+
+def admission_findings(schema: Mapping[str, Any], obj: Obj) -> list[Finding]:
+    """Schema and CEL findings for an already defaulted and pruned object."""
+    body = {k: v for k, v in obj.items() if k not in TOP_LEVEL}
+    findings = check_value(dict(schema), body)
+    rules = check_extensions(dict(schema), body)
+    if findings:  # rules over ill-typed data cannot be evaluated; the schema says why
+        rules = [f for f in rules if UNEVALUATED not in f.reason]
+    return findings + rules
+
+
 # --- the emulator ------------------------------------------------------------------------------
 
 
@@ -369,16 +463,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._create(crds, None, copy.deepcopy(dict(crd)))
 
     def store(self, api_version: str, plural: str, body: Mapping[str, Any]) -> Obj:
-        """Write an object straight into storage: no validation, no defaults, no admission.
+        """Write an object straight into storage: no validation, no pruning, no admission.
 
         This is how an object stored before a CRD upgrade, or by a server that does not
-        enforce CEL, reaches an operator; tests use it to show what the operator does with
+        enforce CEL, reaches an operator (schema defaults are applied, as a server applies
+        them when it reads an object from etcd); tests use it to show what the operator does with
         objects the API server would have refused. Creates, or replaces all but identity
         (uid, creationTimestamp, finalizers, deletionTimestamp) and ``status``; the
         generation bumps when anything outside metadata and status changed.
         """
         group, _, version = api_version.rpartition("/")
         resource = self._resource(group, version, plural)
+        if resource.schema is not None:  # defaults apply on every read, as from etcd
+            body = apply_defaults(dict(resource.schema), dict(body))
         meta = dict(body.get("metadata") or {})
         namespace = (meta.get("namespace") or "default") if resource.namespaced else None
         old = self.objects_by_key.get(self._key(resource, namespace, meta["name"]))
@@ -499,11 +596,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return self._table(resource, [obj]) if table else obj
             case "POST", None:
                 body = self._body(request, dict)
-                return self._create(resource, namespace, body)
+                validation = request.params.get("fieldValidation", "Warn")
+                return self._create(resource, namespace, body, validation)
             case "PATCH", str() as name:
                 content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
                 body = self._body(request, (dict, list))
-                return self._patch(resource, namespace, name, route.subresource, content_type, body)
+                validation = request.params.get("fieldValidation", "Warn")
+                return self._patch(
+                    resource, namespace, name, route.subresource, content_type, body, validation
+                )
             case "DELETE", str() as name:
                 return self._delete(resource, namespace, name)
             case "PUT", _:
@@ -554,7 +655,21 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.objects_by_key[key] = new
         self.events.append(WatchEvent(self.resource_version, resource.store_key, type_, old, new))
         self._wake_watches()
+        if type_ == "DELETED":
+            self._collect_garbage(new["metadata"].get("uid"))
         return new
+
+    def _collect_garbage(self, owner_uid: str | None) -> None:
+        """Delete the dependents of a deleted owner (background cascading deletion, as the
+        garbage collector does; dependents with finalizers get a deletionTimestamp)."""
+        if not owner_uid:
+            return
+        by_store = {r.store_key: r for r in self.api_resources.values()}
+        for (store_key, ns, name), obj in list(self.objects_by_key.items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            owned = any(ref.get("uid") == owner_uid for ref in owners)
+            if owned and store_key in by_store and (store_key, ns, name) in self.objects_by_key:
+                self._delete(by_store[store_key], ns or None, name)
 
     def _wake_watches(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -562,7 +677,56 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     # --- verbs ----------------------------------------------------------------------------------
 
-    def _create(self, resource: ApiResource, namespace: str | None, body: Obj) -> Obj:
+    def _admit(
+        self,
+        resource: ApiResource,
+        obj: Obj,
+        field_validation: str | None,
+        old: Obj | None = None,
+    ) -> Obj:
+        """Default, prune and validate a custom resource as the API server would.
+
+        ``field_validation`` is the request's ``fieldValidation``: ``Strict`` refuses
+        unknown fields, ``Warn``/``Ignore`` (and none) prune them; ``None`` from
+        :meth:`store` skips admission altogether.
+        """
+        if resource.schema is None or field_validation == "skip":
+            return obj
+        defaulted = apply_defaults(dict(resource.schema), obj)
+        pruned, unknown = prune(resource.schema, defaulted)
+        findings = [Finding(path, "unknown field") for path in unknown]
+        if field_validation != "Strict":
+            findings = []
+        findings += admission_findings(resource.schema, pruned)
+        if old is not None:  # ratcheting: what was invalid and is unchanged stays allowed
+            before, _ = prune(resource.schema, apply_defaults(dict(resource.schema), old))
+            findings = [f for f in findings if value_at(pruned, f.path) != value_at(before, f.path)]
+        if findings:
+            name = (obj.get("metadata") or {}).get("name", "")
+            causes = [
+                {"reason": "FieldValueInvalid", "field": f.path, "message": f.reason}
+                for f in findings
+            ]
+            details = "; ".join(f"{f.path}: {f.reason}" for f in findings)
+            raise kube_error(
+                422,
+                "Invalid",
+                f'{resource.kind}.{resource.group} "{name}" is invalid: {details}',
+                name=name,
+                group=resource.group,
+                kind=resource.kind,
+                causes=causes,
+            )
+        result: Obj = pruned
+        return result
+
+    def _create(
+        self,
+        resource: ApiResource,
+        namespace: str | None,
+        body: Obj,
+        field_validation: str | None = "skip",
+    ) -> Obj:
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -589,6 +753,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         if "status" in resource.subresources:
             obj.pop("status", None)
+        obj = self._admit(resource, obj, field_validation)
         if resource.store_key == CRD_KEY:
             for served in resources_of_crd(obj):
                 self.api_resources[(served.group, served.version, served.plural)] = served
@@ -602,6 +767,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         subresource: str | None,
         content_type: str,
         patch: Any,
+        field_validation: str | None = "skip",
     ) -> Obj:
         old = self._get(resource, namespace, name)
         if subresource not in (None, *resource.subresources):
@@ -632,7 +798,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 "to the latest version and try again",
                 name=name,
             )
-        new = self._isolate(resource, subresource, old, patched)
+        new = self._admit(
+            resource, self._isolate(resource, subresource, old, patched), field_validation, old
+        )
         if new == old:
             return old
         if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
@@ -690,19 +858,30 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return self._record(resource, "MODIFIED", old, new)
 
     def _selector(self, params: Mapping[str, str]) -> Callable[[Obj], bool]:
-        """A predicate on objects from labelSelector and the fieldSelectors we emulate."""
+        """A predicate on objects from labelSelector and fieldSelector.
+
+        Field selectors: ``=``, ``==`` and ``!=`` on ``metadata.name``,
+        ``metadata.namespace`` and any other dotted field path (kubectl describe selects
+        Events by ``involvedObject.name``, ``.namespace``, ``.kind`` and ``.uid``).
+        """
         reqs = parse_label_selector(params.get("labelSelector", ""))
-        fields = {}
+        fields: list[tuple[list[str], bool, str]] = []
         for term in filter(None, params.get("fieldSelector", "").split(",")):
-            key, _, value = term.partition("=")
-            if key not in ("metadata.name", "metadata.namespace") or value.startswith("="):
+            match = re.fullmatch(r"([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*)", term.strip())
+            if match is None:
                 raise kube_error(400, "BadRequest", f"fieldSelector {term!r} is not emulated")
-            fields[key.removeprefix("metadata.")] = value
+            fields.append((match[1].split("."), match[2] == "!=", match[3]))
+
+        def field(obj: Obj, path: list[str]) -> str:
+            node: Any = obj
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            return "" if node is None else str(node)
 
         def matches(obj: Obj) -> bool:
             meta = obj["metadata"]
             return labels_match(reqs, meta.get("labels") or {}) and all(
-                meta.get(k, "") == v for k, v in fields.items()
+                (field(obj, path) == value) != negated for path, negated, value in fields
             )
 
         return matches

@@ -104,3 +104,23 @@ def test_pod_fields_left_unset_change_neither_revision_nor_deployment() -> None:
 def test_bad_pod_fields_are_refused_with_their_path(engine: dict[str, Any], path: str) -> None:
     _, findings = check_custom_object(declared_pool().engine(**engine).dict())
     assert path in [f.path for f in findings], findings
+
+
+def test_revisions_of_pools_without_the_new_fields_are_unchanged() -> None:
+    """The hashes the operator computed before these fields existed (an upgrade must not
+    give every pool a new revision, i.e. restart every engine)."""
+    from kvpool.api.modelpool import EngineSpec, ModelRef
+    from kvpool.domain.revision import build_revision
+
+    model = ModelRef(name="m", served_name="m", version="1")
+    assert build_revision(model, EngineSpec(max_model_len=4096)) == "729bed3568"
+    engine = EngineSpec(
+        max_model_len=4096,
+        image="x",
+        args=["--a"],
+        env=[{"name": "A", "value": "b"}],
+        node_selector={"a": "b"},
+        tolerations=[{"key": "k", "operator": "Exists"}],
+        resources={"limits": {"nvidia.com/gpu": 1}},
+    )
+    assert build_revision(model, engine) == "3473009c8f"

@@ -159,8 +159,18 @@ def _findings(error: ValidationError) -> list[Finding]:
 
 def check_schema(kind: str, body: dict[str, Any]) -> list[Finding]:
     """Schema findings for a (defaulted) custom resource of a kvpool kind, in path order."""
+    return _check(_validator(kind), body)
+
+
+def check_value(schema: Schema, value: Any) -> list[Finding]:
+    """Schema findings for a value against any structural schema (e.g. a CRD's, as an API
+    server would check it), in path order."""
+    return _check(OAS30Validator(build_validation_schema(schema)), value)
+
+
+def _check(validator: OAS30Validator, body: Any) -> list[Finding]:
     errors: Sequence[ValidationError] = sorted(
-        _validator(kind).iter_errors(body),
+        validator.iter_errors(body),
         key=lambda e: [(0, p) if isinstance(p, int) else (1, p) for p in e.absolute_path],
     )
     findings: list[Finding] = []
