@@ -81,15 +81,19 @@ def test_pods_follow_their_pool_label_and_deletion() -> None:
     assert cache.pods[("ns", "b")] == {}
 
 
-def test_parse_is_memoised_per_resource_version() -> None:
+def test_checks_are_memoised_per_resource_version() -> None:
     cache = Cache()
     body = standard_policy().dict()
     body["metadata"]["resourceVersion"] = "1"
-    first = cache.parsed(TierPolicy, body)
-    assert cache.parsed(TierPolicy, body) is first
+    first = cache.checked(body)
+    assert isinstance(first.model, TierPolicy) and cache.checked(body) is first
     body["spec"]["tiers"][0]["floorPercent"] = 20
     body["metadata"]["resourceVersion"] = "2"
-    assert cache.parsed(TierPolicy, body).spec.tiers[0].floor_percent == 20
+    assert cache.checked(body).model.spec.tiers[0].floor_percent == 20  # type: ignore[union-attr]
+    body["spec"]["tiers"][0]["floorPercent"] = 95  # floors now sum over 100
+    body["metadata"]["resourceVersion"] = "3"
+    invalid = cache.checked(body)
+    assert invalid.model is None and invalid.findings[0].path == "spec.tiers"
 
 
 def test_referenced_secrets() -> None:

@@ -13,7 +13,10 @@ minutes. Lists plus events are linear.)
 
 Secrets: only those labelled ``kvpool.dev/api-key`` are listed and watched (the label
 selector is applied by the API server), and they are reduced to SHA-256 digests of their
-values as they arrive: no API key is held, no other Secret is read.
+values as they arrive: no API key is held, no other Secret is read (the watches are in
+:mod:`kvpool.controller.watches`). The checks ``kvpool validate`` runs on one object are
+memoised per object and resourceVersion (:meth:`Cache.checked`): a publish re-checks only
+what changed.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.api.validation import check_custom_object
@@ -35,7 +36,6 @@ from kvpool.domain.validity import Checked
 
 Body = Mapping[str, Any]
 Key = tuple[str, str]  # (namespace, name)
-M = TypeVar("M", bound=BaseModel)
 
 
 def plain(body: Body) -> dict[str, Any]:
@@ -147,21 +147,6 @@ class Cache:
         labels = ((body or {}).get("metadata") or {}).get("labels") or {}
         if body is not None and LABEL_POOL in labels:
             self.pods.setdefault((ns, labels[LABEL_POOL]), {})[name] = pod_view(body)
-
-    def parsed(self, model: type[M], body: Body) -> M:
-        """``model.model_validate(body)``, memoised per object and resourceVersion."""
-        meta = body.get("metadata") or {}
-        key = (model.__name__, meta.get("namespace") or "default", meta.get("name", ""))
-        version = str(meta.get("resourceVersion"))
-        hit = self._models.get(key)
-        if hit is not None and hit[0] == version:
-            memo: M = hit[1]
-            return memo
-        value = model.model_validate(
-            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-        )
-        self._models[key] = (version, value)
-        return value
 
     def checked(self, body: Body) -> Checked[Any]:
         """The checks of ``kvpool validate`` that need only this object (schema, CEL

@@ -50,6 +50,7 @@ class Operator:
     statuses: dict[tuple[str, str], ModelPoolStatus] = field(default_factory=dict)
     written: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     published: dict[str, AdmissionConfig | None] = field(default_factory=dict)  # last config
+    warned: set[tuple[str, str, str]] = field(default_factory=set)  # one-time log lines
     pools: Coalescer = field(init=False)
     publisher: Coalescer = field(init=False)
     side_statuses: Coalescer = field(init=False)

@@ -113,8 +113,8 @@ def static_endpoints(op: Operator, pool: ModelPool) -> str | None:
     text = pool.metadata.annotations.get(ANNOTATION_STATIC_ENDPOINTS)
     if text and not op.config.allow_static_endpoints:
         key = ("static-ignored", pool.metadata.namespace or "default", pool.metadata.name)
-        if key not in op.written:
-            op.written[key] = {}
+        if key not in op.warned:
+            op.warned.add(key)
             log.warning(
                 "ModelPool %s/%s: annotation %s ignored (the operator runs without "
                 "--allow-static-endpoints)",
