@@ -52,7 +52,8 @@ def make_budget(name: str = "acme", namespace: str = "default", **spec: Any) -> 
 
 
 def make_secret(name: str = "acme-key", namespace: str = "default", **values: str) -> Manifest:
-    """A v1 Secret with ``data`` (base64) values; ``api-key`` by default."""
+    """A v1 Secret with ``data`` (base64) values; ``api-key`` by default; labelled for the
+    operator to read."""
     values = values or {"api-key": "s3cret"}
     encoded = {
         k.replace("_", "-"): base64.b64encode(v.encode()).decode() for k, v in values.items()
@@ -60,7 +61,11 @@ def make_secret(name: str = "acme-key", namespace: str = "default", **values: st
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kvpool.dev/api-key": "true"},
+        },
         "type": "Opaque",
         "data": encoded,
     }
@@ -631,12 +636,26 @@ def test_duplicate_objects_are_reported() -> None:
     ]
 
 
+def test_a_key_secret_without_the_operator_label_is_reported() -> None:
+    manifests = valid_set()
+    del manifests.secret["metadata"]["labels"]
+
+    validated = validate_documents(_docs(*manifests.documents()))
+
+    assert [(p.path, p.reason.split(" (")[0]) for p in validated.problems] == [
+        (
+            "spec.apiKeySecretRef.name",
+            "Secret 'acme-key' lacks the label kvpool.dev/api-key: \"true\"",
+        )
+    ]
+
+
 def test_string_data_satisfies_the_key_reference() -> None:
     manifests = valid_set()
     manifests.secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "acme-key"},
+        "metadata": {"name": "acme-key", "labels": {"kvpool.dev/api-key": "true"}},
         "stringData": {"api-key": "plain"},
     }
 

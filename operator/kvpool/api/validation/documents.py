@@ -150,6 +150,7 @@ def build_secret_data(body: Mapping[str, Any]) -> tuple[SecretData | None, list[
         name=str(metadata.get("name")),
         namespace=str(metadata.get("namespace") or DEFAULT_NAMESPACE),
         values=values,
+        labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
     )
     return secret, findings
 

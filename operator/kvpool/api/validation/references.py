@@ -8,8 +8,9 @@ to apply, so it reports a dangling reference before anything is applied:
   ``capacity.peakConcurrency`` and ``rollout.canaryTiers`` are tiers of that policy;
 - TenantBudget ``tiers`` are tiers of its ``tierPolicyRef`` policy or, without a ref, of
   the namespace's only TierPolicy (several policies and no ref is ambiguous);
-- TenantBudget ``apiKeySecretRef`` names a Secret of the set that has the key (the
-  examples ship their Secrets, so an absent Secret is an error, not a warning);
+- TenantBudget ``apiKeySecretRef`` names a Secret of the set that has the key and the
+  label ``kvpool.dev/api-key`` (the operator reads no other Secret; the examples ship
+  their Secrets, so an absent Secret is an error, not a warning);
 - no two objects of a kind share a namespace and name, no two TenantBudgets share a
   tenant id, no two ModelPools serve the same model name (the gateway routes by it).
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from kvpool.api.modelpool import ModelPool
-from kvpool.api.tenantbudget import TenantBudget
+from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL, TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.api.validation.results import DEFAULT_NAMESPACE, Finding, Problem, SecretData
 
@@ -217,6 +218,15 @@ def check_budgets(
                     "spec.apiKeySecretRef.name",
                     f"Secret {ref.name!r} not found in namespace {namespace!r} "
                     "in the given manifests",
+                )
+            )
+        elif API_KEY_SECRET_LABEL not in secret.labels:
+            problems.append(
+                _problem(
+                    item,
+                    "spec.apiKeySecretRef.name",
+                    f"Secret {ref.name!r} lacks the label {API_KEY_SECRET_LABEL}: \"true\" "
+                    "(the operator reads only labelled Secrets)",
                 )
             )
         elif ref.key not in secret.values:

@@ -68,6 +68,7 @@ class SecretData:
     name: str  # metadata.name
     namespace: str  # metadata.namespace, or "default"
     values: Mapping[str, str]  # data (base64-decoded) merged with stringData
+    labels: Mapping[str, str] = field(default_factory=dict)  # metadata.labels
 
 
 @dataclass(frozen=True)
