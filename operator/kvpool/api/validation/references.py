@@ -225,7 +225,7 @@ def check_budgets(
                 _problem(
                     item,
                     "spec.apiKeySecretRef.name",
-                    f"Secret {ref.name!r} lacks the label {API_KEY_SECRET_LABEL}: \"true\" "
+                    f'Secret {ref.name!r} lacks the label {API_KEY_SECRET_LABEL}: "true" '
                     "(the operator reads only labelled Secrets)",
                 )
             )
