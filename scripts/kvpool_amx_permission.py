@@ -7,6 +7,7 @@ the API server and in every engine process it starts. On CPUs or kernels without
 call fails harmlessly.
 """
 
+import contextlib
 import ctypes
 import platform
 import sys
@@ -16,9 +17,7 @@ ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
 
 if sys.platform == "linux" and platform.machine() == "x86_64":
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).syscall(
             SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
         )
-    except (OSError, AttributeError):
-        pass
