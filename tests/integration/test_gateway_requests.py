@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.server import Gateway, GatewaySettings
@@ -309,7 +309,7 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
     assert "Retry-After" in resp.headers
     snap = gateway.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == 0  # the budget was refunded
 
 

@@ -25,12 +25,14 @@ from typing import Any
 
 from aiohttp import web
 
-from kvpool.adapters.budget_store import (
+from kvpool.adapters.budget import (
     BudgetStore,
+    FailoverBudgetStore,
+    FailoverPolicy,
     InMemoryBudgetStore,
     RedisBudgetStore,
-    RedisDownPolicy,
 )
+from kvpool.adapters.budget.redis import DEFAULT_TIMEOUT
 from kvpool.adapters.config_source import (
     ConfigError,
     ConfigMapSource,
@@ -62,14 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
     )
     parser.add_argument(
-        "--redis-timeout", type=float, default=0.005, help="seconds per Redis call (default 0.005)"
+        "--redis-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per Redis call, incl. waiting for a pooled connection "
+        f"(default {DEFAULT_TIMEOUT:g}; a healthy Redis meets it under a 200-request burst)",
+    )
+    parser.add_argument(
+        "--redis-failure-threshold",
+        type=int,
+        default=3,
+        help="consecutive failed Redis calls that open the circuit breaker (default 3)",
     )
     parser.add_argument(
         "--fail-closed-tier",
         action="append",
         default=[],
         metavar="TIER",
-        help="while Redis is down, answer 503 for this tier (repeatable; default: fail open)",
+        help=(
+            "while Redis is down, answer 503 for this tier unless its TierPolicy declares "
+            "budgetUnavailable (repeatable; default: Allow with the local allowance)"
+        ),
     )
     parser.add_argument(
         "--local-budget-fraction",
@@ -109,15 +124,16 @@ def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStor
     """The budget store the options ask for."""
     if not args.redis:
         return InMemoryBudgetStore()
-    policy = RedisDownPolicy(
+    policy = FailoverPolicy(
         fail_closed_tiers=frozenset(args.fail_closed_tier),
         local_fraction=args.local_budget_fraction,
+        failure_threshold=args.redis_failure_threshold,
     )
-    return RedisBudgetStore(
-        args.redis,
-        timeout=args.redis_timeout,
-        policy=policy,
+    return FailoverBudgetStore(
+        RedisBudgetStore(args.redis, timeout=args.redis_timeout),
+        policy,
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
+        on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
     )
 
 

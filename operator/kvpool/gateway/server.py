@@ -48,7 +48,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvpool.adapters.budget_store import BudgetStore, BudgetUnavailable, InMemoryBudgetStore
+from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import (
     AdmissionConfig,
@@ -236,6 +236,10 @@ class Gateway:
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
 
+    def budget_subject(self, tenant: CompiledTenant) -> str:
+        """Whose counters a tenant's requests charge: ``<namespace>/<tenant>``."""
+        return budget_subject(self.index.config.namespace, tenant.tenant)
+
     def authenticate(self, authorization: str | None, index: ConfigIndex) -> CompiledTenant:
         """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
         if not authorization or not authorization.startswith("Bearer "):
@@ -290,11 +294,13 @@ class Gateway:
         if not tenant.limits:
             return None, tier, False
         verdict = await self.store.reserve(
-            tenant.tenant, tenant.limits, tokens, self.wall_clock(), tier=tier.name
+            self.budget_subject(tenant),
+            tenant.limits,
+            tokens,
+            self.wall_clock(),
+            tier=tier.name,
+            when_unavailable=tier.budget_unavailable,
         )
-        if not getattr(self.store, "available", True):
-            result = "unavailable" if isinstance(verdict, BudgetUnavailable) else "local"
-            self.metrics.budget_fallback.labels(tier.name, result).inc()
         if isinstance(verdict, BudgetAllow):
             for usage in verdict.usage:
                 window = format_window(usage.window.window_seconds)
@@ -417,7 +423,7 @@ class Gateway:
     async def _settle(self, charge: BudgetCharge, actual: int) -> None:
         """Settle a charge. A remote store settles in the background: the answer (a
         non-streaming response is sent after this returns) never waits for Redis."""
-        if isinstance(self.store, InMemoryBudgetStore):
+        if not self.store.remote:
             await self.store.settle(charge, actual, self.wall_clock())
             return
         task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
