@@ -31,7 +31,13 @@ from kvpool.adapters.budget import (
 )
 from kvpool.adapters.budget.failover import CircuitBreaker
 from kvpool.api.admission_config import BudgetWindow
-from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny
+from kvpool.domain.budget import (
+    BudgetAllow,
+    BudgetCharge,
+    BudgetDeny,
+    RequestEnd,
+    decide_settlement,
+)
 from tests.support.redis_server import RedisFactory
 
 BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
@@ -394,3 +400,28 @@ async def test_same_tenant_name_in_two_namespaces_is_isolated(redis_url: str) ->
     finally:
         for store in stores:
             await store.close()
+
+
+def end(reported: int | None, observed: int, *, sent: bool = True, aborted: bool) -> RequestEnd:
+    return RequestEnd(140, reported, observed, sent=sent, client_aborted=aborted)
+
+
+SETTLEMENT_CASES = {
+    "engine-usage-is-exact": (end(77, 60, aborted=False), 77),
+    "usage-seen-then-client-gone": (end(90, 70, aborted=True), 90),
+    "refused-before-sending": (end(None, 0, sent=False, aborted=False), 0),
+    "client-gone-while-refused": (end(None, 0, sent=False, aborted=True), 0),
+    "engine-rejected-4xx": (end(None, 0, aborted=False), 0),
+    "non-stream-client-abort-keeps-reservation": (end(None, 0, aborted=True), 140),
+    "stream-client-abort-keeps-reservation": (end(None, 52, aborted=True), 140),
+    "stream-relayed-above-reservation": (end(None, 300, aborted=True), 300),
+    "engine-broke-mid-stream-charges-relayed": (end(None, 52, aborted=False), 52),
+    "engine-timed-out-before-answer": (end(None, 0, aborted=False), 0),
+}
+
+
+@pytest.mark.parametrize(
+    ("end", "charged"), list(SETTLEMENT_CASES.values()), ids=list(SETTLEMENT_CASES)
+)
+def test_decide_settlement(end: RequestEnd, charged: int) -> None:
+    assert decide_settlement(end) == charged

@@ -5,7 +5,8 @@ tokens a request *really* used, which only the engine knows. Non-streaming respo
 ``usage``; for streams the gateway always asks the engine for
 ``stream_options: {include_usage: true}`` and removes that final usage chunk again when the
 caller did not ask for it. If a stream breaks off (client gone, engine died), the usage is
-the prompt plus one token per content chunk relayed so far.
+the prompt plus one token per content chunk relayed so far - a lower bound: the budget
+settlement (``decide_settlement``) then keeps the reservation charged instead.
 
 Bodies are passed through as bytes (the engine's JSON is not re-encoded). Only a short
 allowlist of headers goes upstream (content type, accept, user agent): nothing the caller
@@ -37,6 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from kvpool.domain.budget import RequestEnd
 from kvpool.gateway.errors import UPSTREAM, GatewayError
 
 FORWARDED_HEADERS = ("Accept", "User-Agent")
@@ -54,6 +56,20 @@ class UsageMeter:
     chunks: int = 0  # content chunks relayed (stream)
     reported: bool = False  # True when the engine's usage was seen
     client_gone: bool = False  # the client disconnected during the stream
+    sent: bool = False  # the request was handed to the engine (not refused at connect)
+
+    def settlement(self, reserved: int, prompt_estimate: int) -> RequestEnd:
+        """The facts :func:`kvpool.domain.budget.decide_settlement` needs."""
+        reported = None
+        if self.reported and self.prompt_tokens is not None and self.completion_tokens is not None:
+            reported = self.prompt_tokens + self.completion_tokens
+        return RequestEnd(
+            reserved=reserved,
+            reported=reported,
+            observed=self.total(prompt_estimate),
+            sent=self.sent,
+            client_aborted=self.client_gone,
+        )
 
     def take(self, usage: Any) -> None:
         """Record a ``usage`` object from the engine."""
@@ -125,6 +141,7 @@ async def proxy_request(
     meter: UsageMeter,
 ) -> web.StreamResponse:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client."""
+    meter.sent = True
     try:
         async with session.post(url, data=body, headers=_forward_headers(request)) as upstream:
             if upstream.status >= 500:
@@ -148,6 +165,7 @@ async def proxy_request(
                 )
             return await _relay_stream(request, upstream, caller_wants_usage, meter)
     except aiohttp.ClientConnectorError as exc:
+        meter.sent = False  # refused: the engine never saw the request
         raise UpstreamError(
             503,
             "engine_unavailable",

@@ -19,8 +19,9 @@ decision in :mod:`kvpool.domain` with the I/O at the edges:
    :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
    Queue -> wait; Reject -> 503/413 with ``Retry-After`` and the reason;
 7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``;
-8. finally, always: release the reservation, settle the budget with the real usage (0 if
-   the engine did nothing), record metrics and one JSON access-log line.
+8. finally, always: release the reservation, settle the budget with what the engine
+   generated (``decide_settlement``: its usage; 0 if it never got the request; the
+   reservation if the request was cut short), record metrics and one JSON access-log line.
 
 :meth:`Gateway.admit` (steps 1-6) and :meth:`Gateway.finish` (step 8) are usable without
 HTTP, which is how the decision benchmark measures them.
@@ -58,7 +59,13 @@ from kvpool.api.admission_config import (
     CompiledTierPolicy,
 )
 from kvpool.domain.admission import Admit, build_admission_request
-from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
+from kvpool.domain.budget import (
+    BudgetAllow,
+    BudgetCharge,
+    BudgetDeny,
+    decide_settlement,
+    format_window,
+)
 from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
 from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
 from kvpool.domain.partition import partition_pool
@@ -404,14 +411,16 @@ class Gateway:
     async def finish(self, admission: Admission, status: int, outcome: str) -> None:
         """Release the reservation, settle the budget, record metrics and the access log."""
         estimate = admission.estimate
-        actual = admission.meter.total(estimate.prompt_tokens * estimate.sequences)
+        prompt = estimate.prompt_tokens * estimate.sequences
+        actual = admission.meter.total(prompt)
         admission.runtime.release(admission.admit.reservation_id, actual or None)
         if admission.charge is not None:
-            await self._settle(admission.charge, actual)
+            charged = decide_settlement(admission.meter.settlement(admission.charge.tokens, prompt))
+            await self._settle(admission.charge, charged)
             for window in admission.charge.windows:
                 self.metrics.tokens_charged.labels(
                     admission.tenant.tenant, format_window(window)
-                ).inc(actual)
+                ).inc(charged)
         pool = admission.pool.name
         if actual:
             self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
@@ -521,6 +530,7 @@ class Gateway:
             return response
         except asyncio.CancelledError:
             status, outcome = 499, "client_gone"
+            admission.meter.client_gone = True
             raise
         finally:
             self.metrics.in_flight.dec()
