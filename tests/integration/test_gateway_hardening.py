@@ -5,15 +5,18 @@ assertion message:
 
 - 40 client-aborted requests are charged at least what the engine generated for them
   (before: 0 charged for 12,902 generated tokens);
-- a SIGSTOPped engine is taken out of routing within 2 s, and requests go to the other
-  replica instead of waiting on it;
+- a SIGSTOPped engine is taken out of routing within 2 s, the request waiting on it ends,
+  and new requests go to the other replica instead of waiting on it;
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool.adapters.budget import RedisBudgetStore, budget_subject
-from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.gateway_builders import ConfigBuilder, FakeEngine, GatewayProcess
 from tests.support.engine import EngineFactory, VllmEngine
 from tests.support.redis_server import RedisFactory
 
@@ -159,3 +162,105 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
         f"tokens, tenant charged {charged}"
     )
     print(f"aborted {aborted}: engine {prompt}+{generated} tokens, charged {charged}")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The gateway's metrics: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def ejected(metrics_url: str, replica: str) -> float | None:
+    key = ("kvpool_gateway_replica_ejected", (("pool", "tiny"), ("replica", replica)))
+    return scrape(metrics_url).get(key)
+
+
+async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
+    vllm_engine: EngineFactory, tiny_tokenizer_json: Path, tmp_path: Path
+) -> None:
+    """Given a gateway process over a real vLLM engine (tiny-0) and a second endpoint
+    (tiny-1), when the engine is SIGSTOPped (it still accepts connections, answers
+    nothing), then within 2 s it is out of routing, the request already waiting on it ends
+    (504) instead of holding its reservation for the 600 s upstream timeout, every new
+    request is served by the other endpoint, and once resumed it is probed back in."""
+    hung = vllm_engine(
+        served_model_name="tiny",
+        kv_cache_memory_bytes=KV_BYTES,
+        block_size=32,
+        max_num_seqs=8,
+        scheduling_policy="priority",
+    )
+    other = await FakeEngine().start()
+    # the hung engine is tiny-0: on ties the router picks it first
+    path = config([hung.base_url, other.url], tiny_tokenizer_json).write(tmp_path / "config.json")
+    proc = GatewayProcess(path, tmp_path / "gateway.log")
+    body = {"model": "tiny", "prompt": "once upon a time", "max_tokens": 16, "stream": True}
+    stopped = False
+    try:
+        with gateways(proc):
+            metrics_url = f"{proc.url}/metrics"
+            async with aiohttp.ClientSession() as session:
+
+                async def timed() -> tuple[int, float]:
+                    started = time.monotonic()
+                    try:
+                        async with asyncio.timeout(10):
+                            async with session.post(
+                                f"{proc.url}/v1/completions", json=body, headers=ACME
+                            ) as resp:
+                                await resp.read()
+                                return resp.status, time.monotonic() - started
+                    except TimeoutError:
+                        return 0, time.monotonic() - started
+
+                os.kill(hung.process.pid, signal.SIGSTOP)
+                stopped = True
+                t0 = time.monotonic()
+                in_flight = asyncio.create_task(timed())  # routed to tiny-0 (not yet ejected)
+                ejected_after = None
+                while time.monotonic() - t0 < 10:
+                    if await asyncio.to_thread(ejected, metrics_url, "tiny-0") == 1.0:
+                        ejected_after = time.monotonic() - t0
+                        break
+                    await asyncio.sleep(0.1)
+                assert ejected_after is not None and ejected_after <= 2.0, (
+                    f"hung engine ejected after {ejected_after} s (None: not within 10 s)"
+                )
+                status, waited = await in_flight
+                assert status == 504 and waited < 3.0, (
+                    f"the request on the hung engine ended after {waited:.1f} s with "
+                    f"{status or 'no answer'} (0: still waiting after 10 s)"
+                )
+                results = await asyncio.gather(*(timed() for _ in range(8)))
+                slow = [(code, round(t, 2)) for code, t in results if code != 200 or t > 2]
+                assert not slow, (
+                    f"{len(slow)} of 8 requests after the ejection waited on the hung engine "
+                    f"(status, seconds): {slow}"
+                )
+                os.kill(hung.process.pid, signal.SIGCONT)
+                stopped = False
+                back_after = None
+                t1 = time.monotonic()
+                while time.monotonic() - t1 < 15:
+                    if await asyncio.to_thread(ejected, metrics_url, "tiny-0") == 0.0:
+                        back_after = time.monotonic() - t1
+                        break
+                    await asyncio.sleep(0.2)
+                assert back_after is not None, "the resumed engine was not probed back in"
+                ejections = scrape(metrics_url)[
+                    ("kvpool_gateway_ejections_total", (("pool", "tiny"), ("reason", "health")))
+                ]
+                assert ejections >= 1
+    finally:
+        if stopped:
+            os.kill(hung.process.pid, signal.SIGCONT)
+        await other.stop()
+    print(
+        f"ejected after {ejected_after:.2f} s, waiting request ended after {waited:.2f} s, "
+        f"back in routing {back_after:.2f} s after SIGCONT"
+    )

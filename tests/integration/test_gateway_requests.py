@@ -302,7 +302,7 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
         .obj()
     )
-    client, gateway = await start_gateway(config)
+    client, gateway = await start_gateway(config, health_probe_interval=0)  # passive only
     resp = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "engine_unavailable"
@@ -311,6 +311,12 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
     used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == 0  # the budget was refunded
+    # the refusal ejected the replica: the next request is not sent to it at all
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert again.status == 503 and "Retry-After" in again.headers
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_ejections_total{pool="tiny",reason="refused"} 1.0' in text
 
 
 async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:

@@ -103,7 +103,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
-    parser.add_argument("--upstream-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--upstream-first-token-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a stream may wait for its first token (default 20)",
+    )
+    parser.add_argument(
+        "--upstream-idle-timeout",
+        type=float,
+        default=30.0,
+        help="longest pause between two chunks of a stream, seconds (default 30)",
+    )
+    parser.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=600.0,
+        help="seconds for a whole NON-streaming answer (default 600; a hung engine is "
+        "caught earlier by its health probes)",
+    )
+    parser.add_argument(
+        "--health-probe-interval",
+        type=float,
+        default=0.5,
+        help="seconds between /health probes of every replica; 0 disables (default 0.5)",
+    )
+    parser.add_argument(
+        "--health-probe-timeout",
+        type=float,
+        default=1.0,
+        help="a replica whose /health does not answer within this is ejected (default 1)",
+    )
     parser.add_argument(
         "--no-engine-priority",
         action="store_true",
@@ -155,6 +185,10 @@ async def serve(args: argparse.Namespace) -> int:
     settings = GatewaySettings(
         max_body_bytes=args.max_body_bytes,
         upstream_timeout=args.upstream_timeout,
+        upstream_first_token_timeout=args.upstream_first_token_timeout,
+        upstream_idle_timeout=args.upstream_idle_timeout,
+        health_probe_interval=args.health_probe_interval,
+        health_probe_timeout=args.health_probe_timeout,
         set_engine_priority=not args.no_engine_priority,
         access_log=not args.no_access_log,
         plan_share_percent=args.plan_share,

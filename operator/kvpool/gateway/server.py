@@ -18,7 +18,9 @@ decision in :mod:`kvpool.domain` with the I/O at the edges:
 6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
    :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
    Queue -> wait; Reject -> 503/413 with ``Retry-After`` and the reason;
-7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``;
+7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``, under
+   first-token/idle timeouts; a replica that refuses, times out or fails its health
+   probes is ejected from routing (:mod:`kvpool.gateway.ejection`);
 8. finally, always: release the reservation, settle the budget with what the engine
    generated (``decide_settlement``: its usage; 0 if it never got the request; the
    reservation if the request was cut short), record metrics and one JSON access-log line.
@@ -70,6 +72,7 @@ from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, deci
 from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
 from kvpool.domain.partition import partition_pool
 from kvpool.domain.routing import NoTrack, decide_track
+from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.errors import (
     AUTHENTICATION,
     NOT_FOUND,
@@ -84,6 +87,7 @@ from kvpool.gateway.pool_runtime import PoolRuntime
 from kvpool.gateway.proxy import (
     StreamBrokenError,
     UpstreamError,
+    UpstreamLimits,
     UsageMeter,
     build_upstream_body,
     proxy_request,
@@ -103,9 +107,12 @@ class GatewaySettings:
 
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies: 413
     upstream_connect_timeout: float = 2.0  # seconds to connect to an engine
-    upstream_timeout: float = 600.0  # seconds for a whole engine answer
+    upstream_first_token_timeout: float = 20.0  # a stream's first token must come by then
+    upstream_idle_timeout: float = 30.0  # longest pause between two chunks of a stream
+    upstream_timeout: float = 600.0  # seconds for a whole non-streaming answer
     set_engine_priority: bool = True  # engines run --scheduling-policy priority
-    replica_retry_seconds: float = 2.0  # an unreachable replica rests this long
+    health_probe_interval: float = 0.5  # seconds between /health probes (0: no probes)
+    health_probe_timeout: float = 1.0  # a probe not answered by then is a failure
     access_log: bool = True
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
 
@@ -182,7 +189,24 @@ class Gateway:
         self._started = False
         self._background: set[asyncio.Task[None]] = set()  # settlements in flight
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
+        self.ejector = ReplicaEjector(
+            self.metrics,
+            lambda: self.runtimes,
+            probe_interval=self.settings.health_probe_interval,
+            probe_timeout=self.settings.health_probe_timeout,
+        )
         self._config_info(config)
+
+    @property
+    def upstream_limits(self) -> UpstreamLimits:
+        """The upstream timeouts from the settings."""
+        s = self.settings
+        return UpstreamLimits(
+            connect=s.upstream_connect_timeout,
+            first_token=s.upstream_first_token_timeout,
+            idle=s.upstream_idle_timeout,
+            total=s.upstream_timeout,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -190,17 +214,18 @@ class Gateway:
         """Create the controllers and the upstream connection pool (on the running loop)."""
         self._sync_runtimes(self.index)
         timeout = aiohttp.ClientTimeout(
-            total=self.settings.upstream_timeout,
-            sock_connect=self.settings.upstream_connect_timeout,
+            total=None, sock_connect=self.settings.upstream_connect_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=connector, auto_decompress=False
         )
+        self.ejector.start()
         self._started = True
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
+        await self.ejector.stop()
         for runtime in self.runtimes.values():
             runtime.close()
         if self._background:
@@ -233,9 +258,7 @@ class Gateway:
             pool = partition_pool(compiled, self.settings.plan_share_percent)
             runtime = self.runtimes.get(pool.name)
             if runtime is None:
-                self.runtimes[pool.name] = PoolRuntime(
-                    pool, tiers, self.metrics, self.settings.replica_retry_seconds
-                )
+                self.runtimes[pool.name] = PoolRuntime(pool, tiers, self.metrics)
             else:
                 runtime.reconfigure(pool, tiers)
         for name in [n for n in self.runtimes if n not in names]:
@@ -504,6 +527,7 @@ class Gateway:
             priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
             body = build_upstream_body(parsed.body, priority, parsed.stream)
             assert self._session is not None, "Gateway.start() was not called"
+            replica = admission.admit.replica
             try:
                 response = await proxy_request(
                     self._session,
@@ -513,15 +537,23 @@ class Gateway:
                     stream=parsed.stream,
                     caller_wants_usage=parsed.include_usage,
                     meter=admission.meter,
+                    limits=self.upstream_limits,
+                    track=lambda d: self.ejector.track(admission.pool.name, replica, d),
                 )
             except UpstreamError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, exc.kind).inc()
-                if exc.replica_down and admission.admit.replica is not None:
-                    admission.runtime.mark_replica_down(admission.admit.replica)
+                if replica is not None and exc.kind in ("connect", "timeout"):
+                    self.ejector.failure(
+                        admission.runtime,
+                        replica,
+                        "refused" if exc.kind == "connect" else "timeout",
+                    )
                 status, outcome = exc.status, exc.code
                 raise
             except StreamBrokenError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, "stream_broken").inc()
+                if replica is not None and exc.kind == "timeout":
+                    self.ejector.failure(admission.runtime, replica, "timeout")
                 status, outcome = 200, "engine_stream_broken"
                 return await exc.finish()
             status, outcome = response.status, "ok" if response.status < 400 else "engine_rejected"
