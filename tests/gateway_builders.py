@@ -64,6 +64,7 @@ class _Tier:
     wait: float
     engine_priority: int | None
     reclaim: Literal["Wait", "Preempt"]
+    budget_unavailable: Literal["Allow", "Reject"] | None = None
 
 
 @dataclass
@@ -85,9 +86,12 @@ class ConfigBuilder:
         wait: float = 5.0,
         engine_priority: int | None = None,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
+        budget_unavailable: Literal["Allow", "Reject"] | None = None,
     ) -> ConfigBuilder:
         """Add a tier (highest priority first); floor and lend are percents."""
-        self._tiers.append(_Tier(name, floor, lend, wait, engine_priority, reclaim))
+        self._tiers.append(
+            _Tier(name, floor, lend, wait, engine_priority, reclaim, budget_unavailable)
+        )
         return self
 
     def rule(
@@ -114,6 +118,7 @@ class ConfigBuilder:
                 max_queue_wait_seconds=t.wait,
                 engine_priority=rank if t.engine_priority is None else t.engine_priority,
                 reclaim=t.reclaim,
+                budget_unavailable=t.budget_unavailable,
             )
             for rank, t in enumerate(self._tiers)
         ]
