@@ -382,6 +382,7 @@ class GatewayProcess:
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -391,6 +392,8 @@ class GatewayProcess:
             str(config_path),
             "--listen",
             f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
             *(["--redis", redis_url] if redis_url else []),
             *extra_args,
         ]
@@ -399,6 +402,11 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's /metrics (served on its own port)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         self.process.start()

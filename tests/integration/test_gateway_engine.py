@@ -98,7 +98,7 @@ async def start_gateway() -> AsyncIterator[Start]:
         gateway = Gateway(
             config,
             store or InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False),
+            settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
             **kwargs,
         )
         client = TestClient(TestServer(gateway.app()))

@@ -203,7 +203,7 @@ async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
     stopped = False
     try:
         with gateways(proc):
-            metrics_url = f"{proc.url}/metrics"
+            metrics_url = proc.metrics_url
             async with aiohttp.ClientSession() as session:
 
                 async def timed() -> tuple[int, float]:

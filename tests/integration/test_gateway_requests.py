@@ -57,7 +57,7 @@ async def start_gateway() -> AsyncIterator[Start]:
         gateway = Gateway(
             config,
             InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, **settings),
+            settings=GatewaySettings(access_log=False, metrics_on_api_port=True, **settings),
         )
         client = TestClient(TestServer(gateway.app()))
         await client.start_server()
@@ -533,7 +533,12 @@ async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
         FailoverPolicy(fail_closed_tiers=frozenset({"batch"})),
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
     )
-    gateway = Gateway(config, store, settings=GatewaySettings(access_log=False), metrics=metrics)
+    gateway = Gateway(
+        config,
+        store,
+        settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
+        metrics=metrics,
+    )
     client = TestClient(TestServer(gateway.app()))
     await client.start_server()
     try:

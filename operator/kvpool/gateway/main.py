@@ -40,6 +40,7 @@ from kvpool.adapters.config_source import (
     KubeAccess,
 )
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.http import GatewayRunner
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
 
@@ -62,6 +63,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        default="0.0.0.0:8081",
+        metavar="ADDR",
+        help="HOST:PORT serving /metrics, apart from the API (default 0.0.0.0:8081; '' = off)",
+    )
+    parser.add_argument(
+        "--metrics-on-api-port",
+        action="store_true",
+        help="also serve /metrics on the API port (it names tenants and their usage)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="close a connection whose request head is not complete within this many "
+        "seconds of connecting or of the previous answer; also the idle keep-alive "
+        "(default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to receive a whole request body, else 408 (default 30)",
     )
     parser.add_argument(
         "--redis-timeout",
@@ -192,18 +218,28 @@ async def serve(args: argparse.Namespace) -> int:
         set_engine_priority=not args.no_engine_priority,
         access_log=not args.no_access_log,
         plan_share_percent=args.plan_share,
+        body_timeout=args.body_timeout,
+        metrics_on_api_port=args.metrics_on_api_port,
     )
     gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
-    runner = web.AppRunner(
+    runner = GatewayRunner(
         gateway.app(),
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=args.shutdown_timeout,
+        keepalive_timeout=args.header_timeout,
     )
     await runner.setup()
     host, port = _listen(args.listen)
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
+    metrics_runner: web.AppRunner | None = None
+    if args.metrics_listen:
+        metrics_runner = web.AppRunner(gateway.metrics_app(), access_log=None)
+        await metrics_runner.setup()
+        metrics_host, metrics_port = _listen(args.metrics_listen)
+        await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
+        log.info("metrics on %s:%d", metrics_host, metrics_port)
     log.info(
         "kvpool gateway on %s:%d: %d pools, %d tenants, budgets in %s",
         host,
@@ -224,6 +260,8 @@ async def serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
     return 0
 
 

@@ -114,6 +114,8 @@ class GatewaySettings:
     health_probe_interval: float = 0.5  # seconds between /health probes (0: no probes)
     health_probe_timeout: float = 1.0  # a probe not answered by then is a failure
     access_log: bool = True
+    body_timeout: float = 30.0  # seconds to receive the whole body (then 408)
+    metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
 
 
@@ -502,7 +504,14 @@ class Gateway:
         if request.content_length is not None and request.content_length > limit:
             raise GatewayError(413, "body_too_large", f"the body is larger than {limit} bytes")
         try:
-            return await request.read()
+            async with asyncio.timeout(self.settings.body_timeout):
+                return await request.read()
+        except TimeoutError as exc:
+            raise GatewayError(
+                408,
+                "body_timeout",
+                f"the body did not arrive within {self.settings.body_timeout:g} s",
+            ) from exc
         except web.HTTPRequestEntityTooLarge as exc:
             raise GatewayError(
                 413, "body_too_large", f"the body is larger than {limit} bytes"
@@ -624,6 +633,14 @@ class Gateway:
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response
 
+    def metrics_app(self) -> web.Application:
+        """``/metrics`` (and ``/healthz``) for the separate metrics port: tenant names and
+        usage are not served to API clients."""
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_healthz)
+        return app
+
     def app(self) -> web.Application:
         """The aiohttp application (call :meth:`start` on its startup)."""
         app = web.Application(
@@ -634,7 +651,8 @@ class Gateway:
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if self.settings.metrics_on_api_port:
+            app.router.add_get("/metrics", self.handle_metrics)
 
         async def on_startup(_: web.Application) -> None:
             await self.start()
