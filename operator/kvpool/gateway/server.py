@@ -10,7 +10,9 @@ decision in :mod:`kvpool.domain` with the I/O at the edges:
    dropped), find the pool by ``model`` (404 if unknown);
 3. classify (``decide_tier``): tier from path, host and tenant labels; 403 if the tenant
    may not use it;
-4. estimate (``decide_estimate``) with the pool's tokenizer when there is one;
+4. estimate (``decide_estimate``) with the pool's tokenizer when there is one; parsing,
+   chat template and tokenization run on worker threads within size and time bounds
+   (:mod:`kvpool.gateway.body`), never on the event loop;
 5. budget: charge the reservation (``BudgetStore.reserve``); over budget -> 429 with
    ``Retry-After``, or, for ``overBudget: Demote`` tenants, the next lower tier the tenant
    may use (``decide_demotion``; a demoted request is not charged - it runs at the lower
@@ -72,6 +74,7 @@ from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, deci
 from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
 from kvpool.domain.partition import partition_pool
 from kvpool.domain.routing import NoTrack, decide_track
+from kvpool.gateway.body import BodyWorker
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.errors import (
     AUTHENTICATION,
@@ -92,7 +95,7 @@ from kvpool.gateway.proxy import (
     build_upstream_body,
     proxy_request,
 )
-from kvpool.gateway.request import Kind, ParsedRequest, parse_request
+from kvpool.gateway.request import Kind, ParsedRequest
 
 log = logging.getLogger("kvpool.gateway")
 access_log = logging.getLogger("kvpool.access")
@@ -182,6 +185,7 @@ class Gateway:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.tokenizers = tokenizers or TokenizerCache()
+        self.body = BodyWorker(self.tokenizers)
         self.wall_clock = wall_clock
         self.index = ConfigIndex.build(config)
         self.runtimes: dict[str, PoolRuntime] = {}
@@ -228,6 +232,7 @@ class Gateway:
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
         await self.ejector.stop()
+        self.body.close()
         for runtime in self.runtimes.values():
             runtime.close()
         if self._background:
@@ -282,29 +287,14 @@ class Gateway:
             raise UNAUTHORIZED
         return tenant
 
-    def _count_prompt(self, pool: CompiledPool, parsed: ParsedRequest) -> int | None:
-        tokenizer = self.tokenizers.get(pool.tokenizer_path)
-        count: int | None = None
-        if parsed.messages is None and isinstance(parsed.prompt, list):
-            count = len(parsed.prompt)  # token ids: exact without a tokenizer
-        elif tokenizer is not None:
-            try:
-                if parsed.messages is not None:
-                    count = tokenizer.count_chat(parsed.messages)
-                else:
-                    count = tokenizer.count_prompt(parsed.prompt)
-            except Exception as exc:  # content the tokenizer cannot encode
-                log.debug("tokenizer failed on a request: %s", exc)
-                count = None
+    async def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
+        count = await self.body.count_prompt(pool, parsed)  # off the event loop, bounded
         self.metrics.estimates.labels(
             pool.name, "tokenizer" if count is not None else "fallback"
         ).inc()
-        return count
-
-    def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
         verdict = decide_estimate(
             pool,
-            prompt_tokens=self._count_prompt(pool, parsed),
+            prompt_tokens=count,
             prompt_utf8_bytes=parsed.prompt_utf8_bytes,
             messages=len(parsed.messages) if parsed.messages is not None else 0,
             max_tokens=parsed.max_tokens,
@@ -359,7 +349,7 @@ class Gateway:
         index = self.index
         started = asyncio.get_running_loop().time()
         tenant = self.authenticate(authorization, index)
-        parsed = parse_request(kind, raw)
+        parsed = await self.body.parse(kind, raw)  # off the event loop, bounded
         pool = index.pools.get(parsed.model)
         if pool is None:
             raise GatewayError(
@@ -385,7 +375,7 @@ class Gateway:
             raise GatewayError(403, classified.reason, classified.message, PERMISSION)
         tier = classified.tier
         try:
-            estimate = self._estimate(pool, parsed)
+            estimate = await self._estimate(pool, parsed)
         except GatewayError:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
@@ -500,22 +490,34 @@ class Gateway:
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.settings.max_body_bytes
+        """The body, refused (413) before it is read when it is larger than any pool can
+        take (:meth:`BodyWorker.body_limit`), and bounded in time (408)."""
+        cap = self.settings.max_body_bytes
+        limit = await self.body.body_limit(self.index.config.pools, cap)
+        too_large = GatewayError(
+            413,
+            "body_too_large",
+            f"the body is larger than {limit} bytes"
+            + ("" if limit == cap else ", more than any model of this gateway can take"),
+        )
         if request.content_length is not None and request.content_length > limit:
-            raise GatewayError(413, "body_too_large", f"the body is larger than {limit} bytes")
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
         try:
             async with asyncio.timeout(self.settings.body_timeout):
-                return await request.read()
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
         except TimeoutError as exc:
             raise GatewayError(
                 408,
                 "body_timeout",
                 f"the body did not arrive within {self.settings.body_timeout:g} s",
             ) from exc
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise GatewayError(
-                413, "body_too_large", f"the body is larger than {limit} bytes"
-            ) from exc
+        return b"".join(chunks)
 
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions and /v1/completions."""
