@@ -71,7 +71,11 @@ async def test_same_tenant_in_two_namespaces_has_two_budgets(
     procs = []
     for namespace in ("team-a", "team-b"):
         path = namespace_config(namespace, engine, limit=200).write(tmp_path / f"{namespace}.json")
-        procs.append(GatewayProcess(path, tmp_path / f"{namespace}.log", redis_url=redis.url))
+        log = tmp_path / f"{namespace}.log"
+        # a generous Redis timeout: this test is about keys, not about timeouts
+        procs.append(
+            GatewayProcess(path, log, redis_url=redis.url, extra_args=("--redis-timeout", "1"))
+        )
     team_a, team_b = procs
     async with running(*procs), aiohttp.ClientSession() as session:
         b_results = [await post(session, team_b.url) for _ in range(30)]
