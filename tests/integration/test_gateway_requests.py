@@ -323,6 +323,10 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
     assert (await again.json())["error"]["code"] == "no_ready_replica"
     text = await (await client.get("/metrics")).text()
     assert 'kvpool_gateway_ejections_total{pool="tiny",reason="refused"} 1.0' in text
+    assert 'kvpool_gateway_replica_ejected{pool="tiny",replica="tiny-0"} 1.0' in text
+    gateway.apply_config(config)  # a reload listing it ready does not bring it back early
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
 
 
 async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:

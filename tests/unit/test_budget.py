@@ -294,6 +294,16 @@ def test_half_open_breaker_lets_one_probe_through() -> None:
     assert [breaker.allow() for _ in range(3)] == [True, False, False]
 
 
+def test_an_abandoned_probe_frees_the_half_open_slot() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=lambda: now[0])
+    breaker.failure()
+    now[0] = 1.0
+    assert breaker.allow()
+    breaker.abandon()  # the probing request was cancelled
+    assert breaker.allow()
+
+
 async def test_redis_breaker_opens_on_consecutive_failures_and_probes_again() -> None:
     now = [0.0]
     errors: list[str] = []

@@ -100,6 +100,10 @@ class CircuitBreaker:
         self._probing = True
         return True
 
+    def abandon(self) -> None:
+        """A call that ended without a verdict (cancelled): free the probe slot."""
+        self._probing = False
+
     def success(self) -> None:
         self.failures = 0
         self._open_until = None
@@ -170,6 +174,9 @@ class FailoverBudgetStore:
                 verdict = await self.primary.reserve(subject, limits, tokens, now, tier)
             except BudgetStoreError as exc:
                 self._failed("reserve", exc)
+            except BaseException:  # cancelled (client gone): no verdict on Redis either way
+                self.breaker.abandon()
+                raise
             else:
                 self.breaker.success()
                 return verdict
@@ -215,6 +222,9 @@ class FailoverBudgetStore:
             await self.primary.settle(charge, actual_tokens, now)
         except BudgetStoreError as exc:
             self._failed("settle", exc)
+        except BaseException:
+            self.breaker.abandon()
+            raise
         else:
             self.breaker.success()
 
