@@ -305,7 +305,7 @@ async def run_round(
     ) as session:
         await wait_idle(session, engine, 30)
         before = metric_sums(await fetch_text(session, engine.metrics_url))
-        gw_before = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+        gw_before = await fetch_text(session, gateway.metrics_url) if gateway else ""
         started = time.monotonic()
         stop_at = started + seconds
         jobs: list[Awaitable[None]] = []
@@ -328,7 +328,7 @@ async def run_round(
         tally.seconds += time.monotonic() - started
         await wait_idle(session, engine, 30)
         after = metric_sums(await fetch_text(session, engine.metrics_url))
-        gw_after = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+        gw_after = await fetch_text(session, gateway.metrics_url) if gateway else ""
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

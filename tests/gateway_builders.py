@@ -64,6 +64,7 @@ class _Tier:
     wait: float
     engine_priority: int | None
     reclaim: Literal["Wait", "Preempt"]
+    budget_unavailable: Literal["Allow", "Reject"] | None = None
 
 
 @dataclass
@@ -85,9 +86,12 @@ class ConfigBuilder:
         wait: float = 5.0,
         engine_priority: int | None = None,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
+        budget_unavailable: Literal["Allow", "Reject"] | None = None,
     ) -> ConfigBuilder:
         """Add a tier (highest priority first); floor and lend are percents."""
-        self._tiers.append(_Tier(name, floor, lend, wait, engine_priority, reclaim))
+        self._tiers.append(
+            _Tier(name, floor, lend, wait, engine_priority, reclaim, budget_unavailable)
+        )
         return self
 
     def rule(
@@ -114,6 +118,7 @@ class ConfigBuilder:
                 max_queue_wait_seconds=t.wait,
                 engine_priority=rank if t.engine_priority is None else t.engine_priority,
                 reclaim=t.reclaim,
+                budget_unavailable=t.budget_unavailable,
             )
             for rank, t in enumerate(self._tiers)
         ]
@@ -377,6 +382,7 @@ class GatewayProcess:
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -386,6 +392,8 @@ class GatewayProcess:
             str(config_path),
             "--listen",
             f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
             *(["--redis", redis_url] if redis_url else []),
             *extra_args,
         ]
@@ -394,6 +402,11 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's /metrics (served on its own port)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         self.process.start()

@@ -20,9 +20,15 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import (
+    FailoverBudgetStore,
+    FailoverPolicy,
+    InMemoryBudgetStore,
+    RedisBudgetStore,
+)
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
 
@@ -51,7 +57,7 @@ async def start_gateway() -> AsyncIterator[Start]:
         gateway = Gateway(
             config,
             InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, **settings),
+            settings=GatewaySettings(access_log=False, metrics_on_api_port=True, **settings),
         )
         client = TestClient(TestServer(gateway.app()))
         await client.start_server()
@@ -302,15 +308,25 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
         .obj()
     )
-    client, gateway = await start_gateway(config)
+    client, gateway = await start_gateway(config, health_probe_interval=0)  # passive only
     resp = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "engine_unavailable"
     assert "Retry-After" in resp.headers
     snap = gateway.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == 0  # the budget was refunded
+    # the refusal ejected the replica: the next request is not sent to it at all
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert again.status == 503 and "Retry-After" in again.headers
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_ejections_total{pool="tiny",reason="refused"} 1.0' in text
+    assert 'kvpool_gateway_replica_ejected{pool="tiny",replica="tiny-0"} 1.0' in text
+    gateway.apply_config(config)  # a reload listing it ready does not bring it back early
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
 
 
 async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:
@@ -498,3 +514,48 @@ def test_tokenizer_cache_loads_once_and_never_raises(tmp_path: Path, setup: str)
     first = cache.get(path)
     assert (first is not None) == (setup == "folder")
     assert cache.get(path) is first  # cached, failures included
+
+
+async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
+    engine: FakeEngine,
+) -> None:
+    """Given Redis unreachable and the --fail-closed-tier flag naming batch, the TierPolicy
+    wins: interactive declares budgetUnavailable Reject (503 + Retry-After), batch declares
+    Allow (served from the local allowance); the fallback metric counts exactly that."""
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, budget_unavailable="Reject")
+        .tier("batch", floor=30, budget_unavailable="Allow")
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool("tiny", [engine.url])
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=[(60, 10_000)])
+        .obj()
+    )
+    metrics = GatewayMetrics()
+    store = FailoverBudgetStore(
+        RedisBudgetStore("redis://127.0.0.1:1/0", timeout=0.05),  # nothing listens on port 1
+        FailoverPolicy(fail_closed_tiers=frozenset({"batch"})),
+        on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
+    )
+    gateway = Gateway(
+        config,
+        store,
+        settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
+        metrics=metrics,
+    )
+    client = TestClient(TestServer(gateway.app()))
+    await client.start_server()
+    try:
+        rejected = await client.post("/v1/chat/completions", json=chat(), headers=ACME)
+        assert rejected.status == 503 and "Retry-After" in rejected.headers
+        assert (await rejected.json())["error"]["code"] == "budget_unavailable"
+        served = await client.post("/v1/completions", json=completion(max_tokens=4), headers=ACME)
+        assert served.status == 200
+        text = await (await client.get("/metrics")).text()
+        assert (
+            'kvpool_gateway_budget_fallback_total{result="reject",tier="interactive"} 1.0' in text
+        )
+        assert 'kvpool_gateway_budget_fallback_total{result="local",tier="batch"} 1.0' in text
+        assert 'result="local",tier="interactive"' not in text
+    finally:
+        await client.close()

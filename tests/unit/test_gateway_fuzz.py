@@ -22,7 +22,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import FakeEngine, standard_config
 

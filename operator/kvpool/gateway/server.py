@@ -10,7 +10,9 @@ decision in :mod:`kvpool.domain` with the I/O at the edges:
    dropped), find the pool by ``model`` (404 if unknown);
 3. classify (``decide_tier``): tier from path, host and tenant labels; 403 if the tenant
    may not use it;
-4. estimate (``decide_estimate``) with the pool's tokenizer when there is one;
+4. estimate (``decide_estimate``) with the pool's tokenizer when there is one; parsing,
+   chat template and tokenization run on worker threads within size and time bounds
+   (:mod:`kvpool.gateway.body`), never on the event loop;
 5. budget: charge the reservation (``BudgetStore.reserve``); over budget -> 429 with
    ``Retry-After``, or, for ``overBudget: Demote`` tenants, the next lower tier the tenant
    may use (``decide_demotion``; a demoted request is not charged - it runs at the lower
@@ -18,9 +20,12 @@ decision in :mod:`kvpool.domain` with the I/O at the edges:
 6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
    :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
    Queue -> wait; Reject -> 503/413 with ``Retry-After`` and the reason;
-7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``;
-8. finally, always: release the reservation, settle the budget with the real usage (0 if
-   the engine did nothing), record metrics and one JSON access-log line.
+7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``, under
+   first-token/idle timeouts; a replica that refuses, times out or fails its health
+   probes is ejected from routing (:mod:`kvpool.gateway.ejection`);
+8. finally, always: release the reservation, settle the budget with what the engine
+   generated (``decide_settlement``: its usage; 0 if it never got the request; the
+   reservation if the request was cut short), record metrics and one JSON access-log line.
 
 :meth:`Gateway.admit` (steps 1-6) and :meth:`Gateway.finish` (step 8) are usable without
 HTTP, which is how the decision benchmark measures them.
@@ -48,7 +53,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvpool.adapters.budget_store import BudgetStore, BudgetUnavailable, InMemoryBudgetStore
+from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import (
     AdmissionConfig,
@@ -58,11 +63,19 @@ from kvpool.api.admission_config import (
     CompiledTierPolicy,
 )
 from kvpool.domain.admission import Admit, build_admission_request
-from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
+from kvpool.domain.budget import (
+    BudgetAllow,
+    BudgetCharge,
+    BudgetDeny,
+    decide_settlement,
+    format_window,
+)
 from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
 from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
 from kvpool.domain.partition import partition_pool
 from kvpool.domain.routing import NoTrack, decide_track
+from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.errors import (
     AUTHENTICATION,
     NOT_FOUND,
@@ -77,11 +90,12 @@ from kvpool.gateway.pool_runtime import PoolRuntime
 from kvpool.gateway.proxy import (
     StreamBrokenError,
     UpstreamError,
+    UpstreamLimits,
     UsageMeter,
     build_upstream_body,
     proxy_request,
 )
-from kvpool.gateway.request import Kind, ParsedRequest, parse_request
+from kvpool.gateway.request import Kind, ParsedRequest
 
 log = logging.getLogger("kvpool.gateway")
 access_log = logging.getLogger("kvpool.access")
@@ -96,10 +110,15 @@ class GatewaySettings:
 
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies: 413
     upstream_connect_timeout: float = 2.0  # seconds to connect to an engine
-    upstream_timeout: float = 600.0  # seconds for a whole engine answer
+    upstream_first_token_timeout: float = 20.0  # a stream's first token must come by then
+    upstream_idle_timeout: float = 30.0  # longest pause between two chunks of a stream
+    upstream_timeout: float = 600.0  # seconds for a whole non-streaming answer
     set_engine_priority: bool = True  # engines run --scheduling-policy priority
-    replica_retry_seconds: float = 2.0  # an unreachable replica rests this long
+    health_probe_interval: float = 0.5  # seconds between /health probes (0: no probes)
+    health_probe_timeout: float = 1.0  # a probe not answered by then is a failure
     access_log: bool = True
+    body_timeout: float = 30.0  # seconds to receive the whole body (then 408)
+    metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
 
 
@@ -166,6 +185,7 @@ class Gateway:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.tokenizers = tokenizers or TokenizerCache()
+        self.body = BodyWorker(self.tokenizers)
         self.wall_clock = wall_clock
         self.index = ConfigIndex.build(config)
         self.runtimes: dict[str, PoolRuntime] = {}
@@ -175,7 +195,24 @@ class Gateway:
         self._started = False
         self._background: set[asyncio.Task[None]] = set()  # settlements in flight
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
+        self.ejector = ReplicaEjector(
+            self.metrics,
+            lambda: self.runtimes,
+            probe_interval=self.settings.health_probe_interval,
+            probe_timeout=self.settings.health_probe_timeout,
+        )
         self._config_info(config)
+
+    @property
+    def upstream_limits(self) -> UpstreamLimits:
+        """The upstream timeouts from the settings."""
+        s = self.settings
+        return UpstreamLimits(
+            connect=s.upstream_connect_timeout,
+            first_token=s.upstream_first_token_timeout,
+            idle=s.upstream_idle_timeout,
+            total=s.upstream_timeout,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,17 +220,19 @@ class Gateway:
         """Create the controllers and the upstream connection pool (on the running loop)."""
         self._sync_runtimes(self.index)
         timeout = aiohttp.ClientTimeout(
-            total=self.settings.upstream_timeout,
-            sock_connect=self.settings.upstream_connect_timeout,
+            total=None, sock_connect=self.settings.upstream_connect_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=connector, auto_decompress=False
         )
+        self.ejector.start()
         self._started = True
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
+        await self.ejector.stop()
+        self.body.close()
         for runtime in self.runtimes.values():
             runtime.close()
         if self._background:
@@ -226,15 +265,17 @@ class Gateway:
             pool = partition_pool(compiled, self.settings.plan_share_percent)
             runtime = self.runtimes.get(pool.name)
             if runtime is None:
-                self.runtimes[pool.name] = PoolRuntime(
-                    pool, tiers, self.metrics, self.settings.replica_retry_seconds
-                )
+                self.runtimes[pool.name] = PoolRuntime(pool, tiers, self.metrics)
             else:
                 runtime.reconfigure(pool, tiers)
         for name in [n for n in self.runtimes if n not in names]:
             self.runtimes.pop(name).close()
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
+
+    def budget_subject(self, tenant: CompiledTenant) -> str:
+        """Whose counters a tenant's requests charge: ``<namespace>/<tenant>``."""
+        return budget_subject(self.index.config.namespace, tenant.tenant)
 
     def authenticate(self, authorization: str | None, index: ConfigIndex) -> CompiledTenant:
         """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
@@ -246,29 +287,14 @@ class Gateway:
             raise UNAUTHORIZED
         return tenant
 
-    def _count_prompt(self, pool: CompiledPool, parsed: ParsedRequest) -> int | None:
-        tokenizer = self.tokenizers.get(pool.tokenizer_path)
-        count: int | None = None
-        if parsed.messages is None and isinstance(parsed.prompt, list):
-            count = len(parsed.prompt)  # token ids: exact without a tokenizer
-        elif tokenizer is not None:
-            try:
-                if parsed.messages is not None:
-                    count = tokenizer.count_chat(parsed.messages)
-                else:
-                    count = tokenizer.count_prompt(parsed.prompt)
-            except Exception as exc:  # content the tokenizer cannot encode
-                log.debug("tokenizer failed on a request: %s", exc)
-                count = None
+    async def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
+        count = await self.body.count_prompt(pool, parsed)  # off the event loop, bounded
         self.metrics.estimates.labels(
             pool.name, "tokenizer" if count is not None else "fallback"
         ).inc()
-        return count
-
-    def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
         verdict = decide_estimate(
             pool,
-            prompt_tokens=self._count_prompt(pool, parsed),
+            prompt_tokens=count,
             prompt_utf8_bytes=parsed.prompt_utf8_bytes,
             messages=len(parsed.messages) if parsed.messages is not None else 0,
             max_tokens=parsed.max_tokens,
@@ -290,11 +316,13 @@ class Gateway:
         if not tenant.limits:
             return None, tier, False
         verdict = await self.store.reserve(
-            tenant.tenant, tenant.limits, tokens, self.wall_clock(), tier=tier.name
+            self.budget_subject(tenant),
+            tenant.limits,
+            tokens,
+            self.wall_clock(),
+            tier=tier.name,
+            when_unavailable=tier.budget_unavailable,
         )
-        if not getattr(self.store, "available", True):
-            result = "unavailable" if isinstance(verdict, BudgetUnavailable) else "local"
-            self.metrics.budget_fallback.labels(tier.name, result).inc()
         if isinstance(verdict, BudgetAllow):
             for usage in verdict.usage:
                 window = format_window(usage.window.window_seconds)
@@ -321,7 +349,7 @@ class Gateway:
         index = self.index
         started = asyncio.get_running_loop().time()
         tenant = self.authenticate(authorization, index)
-        parsed = parse_request(kind, raw)
+        parsed = await self.body.parse(kind, raw)  # off the event loop, bounded
         pool = index.pools.get(parsed.model)
         if pool is None:
             raise GatewayError(
@@ -347,7 +375,7 @@ class Gateway:
             raise GatewayError(403, classified.reason, classified.message, PERMISSION)
         tier = classified.tier
         try:
-            estimate = self._estimate(pool, parsed)
+            estimate = await self._estimate(pool, parsed)
         except GatewayError:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
@@ -398,14 +426,16 @@ class Gateway:
     async def finish(self, admission: Admission, status: int, outcome: str) -> None:
         """Release the reservation, settle the budget, record metrics and the access log."""
         estimate = admission.estimate
-        actual = admission.meter.total(estimate.prompt_tokens * estimate.sequences)
+        prompt = estimate.prompt_tokens * estimate.sequences
+        actual = admission.meter.total(prompt)
         admission.runtime.release(admission.admit.reservation_id, actual or None)
         if admission.charge is not None:
-            await self._settle(admission.charge, actual)
+            charged = decide_settlement(admission.meter.settlement(admission.charge.tokens, prompt))
+            await self._settle(admission.charge, charged)
             for window in admission.charge.windows:
                 self.metrics.tokens_charged.labels(
                     admission.tenant.tenant, format_window(window)
-                ).inc(actual)
+                ).inc(charged)
         pool = admission.pool.name
         if actual:
             self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
@@ -417,7 +447,7 @@ class Gateway:
     async def _settle(self, charge: BudgetCharge, actual: int) -> None:
         """Settle a charge. A remote store settles in the background: the answer (a
         non-streaming response is sent after this returns) never waits for Redis."""
-        if isinstance(self.store, InMemoryBudgetStore):
+        if not self.store.remote:
             await self.store.settle(charge, actual, self.wall_clock())
             return
         task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
@@ -460,15 +490,34 @@ class Gateway:
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.settings.max_body_bytes
+        """The body, refused (413) before it is read when it is larger than any pool can
+        take (:meth:`BodyWorker.body_limit`), and bounded in time (408)."""
+        cap = self.settings.max_body_bytes
+        limit = await self.body.body_limit(self.index.config.pools, cap)
+        too_large = GatewayError(
+            413,
+            "body_too_large",
+            f"the body is larger than {limit} bytes"
+            + ("" if limit == cap else ", more than any model of this gateway can take"),
+        )
         if request.content_length is not None and request.content_length > limit:
-            raise GatewayError(413, "body_too_large", f"the body is larger than {limit} bytes")
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
         try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
+            async with asyncio.timeout(self.settings.body_timeout):
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError as exc:
             raise GatewayError(
-                413, "body_too_large", f"the body is larger than {limit} bytes"
+                408,
+                "body_timeout",
+                f"the body did not arrive within {self.settings.body_timeout:g} s",
             ) from exc
+        return b"".join(chunks)
 
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions and /v1/completions."""
@@ -489,6 +538,7 @@ class Gateway:
             priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
             body = build_upstream_body(parsed.body, priority, parsed.stream)
             assert self._session is not None, "Gateway.start() was not called"
+            replica = admission.admit.replica
             try:
                 response = await proxy_request(
                     self._session,
@@ -498,15 +548,23 @@ class Gateway:
                     stream=parsed.stream,
                     caller_wants_usage=parsed.include_usage,
                     meter=admission.meter,
+                    limits=self.upstream_limits,
+                    track=lambda d: self.ejector.track(admission.pool.name, replica, d),
                 )
             except UpstreamError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, exc.kind).inc()
-                if exc.replica_down and admission.admit.replica is not None:
-                    admission.runtime.mark_replica_down(admission.admit.replica)
+                if replica is not None and exc.kind in ("connect", "timeout"):
+                    self.ejector.failure(
+                        admission.runtime,
+                        replica,
+                        "refused" if exc.kind == "connect" else "timeout",
+                    )
                 status, outcome = exc.status, exc.code
                 raise
             except StreamBrokenError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, "stream_broken").inc()
+                if replica is not None and exc.kind == "timeout":
+                    self.ejector.failure(admission.runtime, replica, "timeout")
                 status, outcome = 200, "engine_stream_broken"
                 return await exc.finish()
             status, outcome = response.status, "ok" if response.status < 400 else "engine_rejected"
@@ -515,6 +573,7 @@ class Gateway:
             return response
         except asyncio.CancelledError:
             status, outcome = 499, "client_gone"
+            admission.meter.client_gone = True
             raise
         finally:
             self.metrics.in_flight.dec()
@@ -576,6 +635,14 @@ class Gateway:
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response
 
+    def metrics_app(self) -> web.Application:
+        """``/metrics`` (and ``/healthz``) for the separate metrics port: tenant names and
+        usage are not served to API clients."""
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_healthz)
+        return app
+
     def app(self) -> web.Application:
         """The aiohttp application (call :meth:`start` on its startup)."""
         app = web.Application(
@@ -586,7 +653,8 @@ class Gateway:
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if self.settings.metrics_on_api_port:
+            app.router.add_get("/metrics", self.handle_metrics)
 
         async def on_startup(_: web.Application) -> None:
             await self.start()
