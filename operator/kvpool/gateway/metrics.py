@@ -15,6 +15,7 @@ Series (all prefixed ``kvpool_gateway_``):
   floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
 - ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
 - ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
+- ``tenant_budget_limit_tokens{tenant,window}`` gauge: that window's limit (alerts divide);
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
 - ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
@@ -120,6 +121,12 @@ class GatewayMetrics:
         self.budget_used = Gauge(
             p + "tenant_budget_used_tokens",
             "Tokens of the window's budget in use at the tenant's last reservation.",
+            ["tenant", "window"],
+            registry=r,
+        )
+        self.budget_limit = Gauge(
+            p + "tenant_budget_limit_tokens",
+            "The token limit of the tenant's budget window (set with budget_used_tokens).",
             ["tenant", "window"],
             registry=r,
         )

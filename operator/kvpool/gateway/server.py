@@ -299,6 +299,7 @@ class Gateway:
             for usage in verdict.usage:
                 window = format_window(usage.window.window_seconds)
                 self.metrics.budget_used.labels(tenant.tenant, window).set(usage.tokens + tokens)
+                self.metrics.budget_limit.labels(tenant.tenant, window).set(usage.window.tokens)
             return verdict.charge, tier, False
         if isinstance(verdict, BudgetUnavailable):
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-unavailable").inc()
