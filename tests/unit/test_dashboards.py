@@ -108,6 +108,7 @@ REQUIRED = {
     "engine-preemptions": "vllm:num_preemptions_total",
     "rollout-phase": "kvpool_rollout_phase",
     "rollout-gates": "kvpool_rollout_gate_value",
+    "pools-on-the-byte-estimate": "kvpool_gateway_tokenizer_fallback",
 }
 
 

@@ -332,3 +332,36 @@ def test_helm_test_model_without_a_key_is_refused() -> None:
 
 def test_no_helm_test_pod_without_a_gateway() -> None:
     assert by_kind(render({"gateway": {"enabled": False}}), "Pod") == []
+
+
+# --- tokenizers -----------------------------------------------------------------------------
+
+
+def test_no_tokenizer_volume_by_default() -> None:
+    spec = pod_spec(gateway_deployment(render()))
+
+    assert "volumes" not in spec
+    assert "volumeMounts" not in spec["containers"][0]
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        pytest.param({"persistentVolumeClaim": {"claimName": "tokenizers"}}, id="pvc"),
+        pytest.param({"configMap": {"name": "tiny-tokenizer"}}, id="configmap"),
+    ],
+)
+def test_tokenizer_volume_is_mounted_read_only_where_pools_point(volume: dict[str, Any]) -> None:
+    docs = render({"gateway": {"tokenizers": {"volume": volume, "mountPath": "/models"}}})
+    spec = pod_spec(gateway_deployment(docs))
+
+    assert spec["volumes"] == [{"name": "tokenizers", **volume}]
+    assert spec["containers"][0]["volumeMounts"] == [
+        {"name": "tokenizers", "mountPath": "/models", "readOnly": True}
+    ]
+    kubernetes_validate.validate(gateway_deployment(docs), KUBE_VERSION, strict=True)
+
+
+def test_tokenizer_mount_path_must_be_absolute() -> None:
+    with pytest.raises(helm_python.HelmError, match="mountPath"):
+        render({"gateway": {"tokenizers": {"mountPath": "tokenizers"}}})

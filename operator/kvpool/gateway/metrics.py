@@ -19,6 +19,8 @@ Series (all prefixed ``kvpool_gateway_``):
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
 - ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
+- ``tokenizer_fallback{pool}`` gauge: 1 while the pool has no loadable tokenizer (no
+  ``tokenizerPath``, or nothing readable there) and prompts are counted by the byte estimate;
 - ``redis_errors_total{op}``: budget store calls that failed or timed out;
 - ``budget_fallback_total{tier,result}``: budget verdicts made while Redis was down;
 - ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
@@ -150,6 +152,12 @@ class GatewayMetrics:
             p + "estimates",
             "Prompt token counts by method: tokenizer (exact) or fallback (bytes).",
             ["pool", "method"],
+            registry=r,
+        )
+        self.tokenizer_fallback = Gauge(
+            p + "tokenizer_fallback",
+            "1 while the pool has no loadable tokenizer (prompts use the byte estimate).",
+            ["pool"],
             registry=r,
         )
         self.redis_errors = Counter(
