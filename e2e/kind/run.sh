@@ -21,6 +21,8 @@ system_ns="kvpool-system"      # the Helm release's namespace (operator)
 kvpool_image="kvpool:e2e"
 engine_image="kvpool-tiny-engine:e2e"
 chat_key="replace-me-chat-product-key"  # examples/tenants.yaml, tenant chat-product
+chat_secret="tenant-chat-product"       # ... and the Secret holding it (key api-key)
+release="kvpool"                        # Helm release; its objects are named kvpool-*
 
 workdir="$(mktemp -d -t kvpool-kind-e2e.XXXXXX)"
 port_forward_pid=""
@@ -58,6 +60,7 @@ cleanup() {
     log "diagnostics (exit status $status)"
     kubectl get kvpool,pods,deploy,cm -A -o wide 2>&1 | tail -n 60 || true
     kubectl -n "$system_ns" logs deploy/kvpool-operator --tail=80 2>&1 || true
+    kubectl -n "$pool_ns" logs deploy/kvpool-gateway --tail=40 2>&1 || true
     kubectl -n "$pool_ns" describe modelpool tiny 2>&1 | tail -n 40 || true
   fi
   if ((created_cluster == 1)) && [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
@@ -113,14 +116,17 @@ apply_examples() {
 
 install_chart() {
   log "installing the Helm chart charts/kvpool (operator + gateway)"
-  helm upgrade --install kvpool "$repo/charts/kvpool" \
+  helm upgrade --install "$release" "$repo/charts/kvpool" \
     --namespace "$system_ns" --create-namespace \
     --set image.repository=kvpool --set image.tag=e2e --set image.pullPolicy=Never \
     --set operator.replicas=1 \
     --set operator.measureInterval=5s \
     --set operator.prometheusUrl=http://prometheus.monitoring.svc:9090 \
     --set gateway.replicas=1 \
-    --set gateway.poolNamespace="$pool_ns"
+    --set gateway.poolNamespace="$pool_ns" \
+    --set helmTest.model=tiny \
+    --set helmTest.apiKeySecret.name="$chat_secret" \
+    --set helmTest.apiKeySecret.key=api-key
   kubectl -n "$system_ns" rollout status deploy/kvpool-operator --timeout=5m
 }
 
@@ -141,9 +147,16 @@ wait_for_pool() {
   kubectl -n "$pool_ns" rollout status deploy/kvpool-gateway --timeout=10m
 }
 
+helm_test() {
+  log "helm test: the chart's test Pod sends a chat completion through the gateway Service"
+  helm test "$release" --namespace "$system_ns" --logs --timeout 5m \
+    || fail "helm test failed (the chart's request through the gateway Service)"
+}
+
 call_gateway() {
   log "port-forwarding the gateway to 127.0.0.1:$local_port and sending a request"
-  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:8080" \
+  # The Service's port named http (whatever its number): kubectl forwards to its targetPort.
+  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:http" \
     >"$workdir/port-forward.log" 2>&1 &
   port_forward_pid=$!
   local base="http://127.0.0.1:$local_port" attempt
@@ -177,6 +190,7 @@ main() {
   apply_examples
   install_chart
   wait_for_pool
+  helm_test
   call_gateway
 }
 

@@ -15,9 +15,12 @@ Series (all prefixed ``kvpool_gateway_``):
   floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
 - ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
 - ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
+- ``tenant_budget_limit_tokens{tenant,window}`` gauge: that window's limit (alerts divide);
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
 - ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
+- ``tokenizer_fallback{pool}`` gauge: 1 while the pool has no loadable tokenizer (no
+  ``tokenizerPath``, or nothing readable there) and prompts are counted by the byte estimate;
 - ``redis_errors_total{op}``: budget store calls that failed or timed out;
 - ``budget_fallback_total{tier,result}``: budget verdicts made while Redis was down;
 - ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
@@ -123,6 +126,12 @@ class GatewayMetrics:
             ["tenant", "window"],
             registry=r,
         )
+        self.budget_limit = Gauge(
+            p + "tenant_budget_limit_tokens",
+            "The token limit of the tenant's budget window (set with budget_used_tokens).",
+            ["tenant", "window"],
+            registry=r,
+        )
         self.reserved_tokens = Counter(
             p + "reserved_tokens", "KV tokens reserved by completed requests.", ["pool"], registry=r
         )
@@ -143,6 +152,12 @@ class GatewayMetrics:
             p + "estimates",
             "Prompt token counts by method: tokenizer (exact) or fallback (bytes).",
             ["pool", "method"],
+            registry=r,
+        )
+        self.tokenizer_fallback = Gauge(
+            p + "tokenizer_fallback",
+            "1 while the pool has no loadable tokenizer (prompts use the byte estimate).",
+            ["pool"],
             registry=r,
         )
         self.redis_errors = Counter(

@@ -257,6 +257,12 @@ class Gateway:
     def _config_info(self, config: AdmissionConfig) -> None:
         self.metrics.config_info.clear()
         self.metrics.config_info.labels(config.namespace, config.generated_at or "").set(1)
+        # Load each pool's tokenizer now (not on its first request) and say which pools
+        # count prompts by the byte estimate.
+        self.metrics.tokenizer_fallback.clear()
+        for pool in config.pools:
+            loaded = self.tokenizers.get(pool.tokenizer_path) is not None
+            self.metrics.tokenizer_fallback.labels(pool.name).set(0 if loaded else 1)
 
     def _sync_runtimes(self, index: ConfigIndex) -> None:
         names = {p.name for p in index.config.pools}
@@ -327,6 +333,7 @@ class Gateway:
             for usage in verdict.usage:
                 window = format_window(usage.window.window_seconds)
                 self.metrics.budget_used.labels(tenant.tenant, window).set(usage.tokens + tokens)
+                self.metrics.budget_limit.labels(tenant.tenant, window).set(usage.window.tokens)
             return verdict.charge, tier, False
         if isinstance(verdict, BudgetUnavailable):
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-unavailable").inc()
