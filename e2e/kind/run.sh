@@ -86,13 +86,14 @@ build_images() {
   # Small build contexts: the repo root holds .venv and .cache (GBs) the daemon must not get.
   log "building $kvpool_image (repo Dockerfile) and $engine_image (vLLM CPU + tiny model)"
   local app_ctx="$workdir/app" engine_ctx="$workdir/engine"
-  mkdir -p "$app_ctx" "$engine_ctx/tests/support"
+  mkdir -p "$app_ctx" "$engine_ctx/tests/support" "$engine_ctx/scripts"
   cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/operator" "$app_ctx/"
   rm -rf "$app_ctx/operator/kvpool.egg-info"
   find "$app_ctx" -name __pycache__ -type d -prune -exec rm -rf {} +
   docker build -t "$kvpool_image" -f "$repo/Dockerfile" "$app_ctx"
   cp "$repo/tests/support/tiny_model.py" "$repo/tests/support/make_tiny_model.py" \
     "$engine_ctx/tests/support/"
+  cp "$repo/scripts/kvpool_amx_permission.py" "$engine_ctx/scripts/"
   docker build -t "$engine_image" -f "$here/engine.Dockerfile" "$engine_ctx"
   log "loading the images into the kind nodes"
   kind load docker-image "$kvpool_image" "$engine_image" --name "$cluster"
@@ -156,7 +157,8 @@ helm_test() {
 call_gateway() {
   log "port-forwarding the gateway to 127.0.0.1:$local_port and sending a request"
   # The Service's port named http (whatever its number): kubectl forwards to its targetPort.
-  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:http" \
+  local metrics_port=$((local_port + 1))
+  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:http" "$metrics_port:metrics" \
     >"$workdir/port-forward.log" 2>&1 &
   port_forward_pid=$!
   local base="http://127.0.0.1:$local_port" attempt
@@ -175,7 +177,7 @@ call_gateway() {
     -H 'Authorization: Bearer not-a-tenant' -H 'Content-Type: application/json' \
     -d '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}')"
   [[ "$status" == 401 ]] || fail "an unknown API key got HTTP $status, expected 401"
-  curl -fsS "$base/metrics" >"$workdir/metrics.txt"
+  curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$workdir/metrics.txt"
   grep -q 'kvpool_gateway_queue_seconds_count{pool="tiny",tier="interactive"}' "$workdir/metrics.txt" \
     || fail "the gateway's queue-time histogram has no interactive series for pool tiny"
   log "PASS: ModelPool Ready on measured capacity; the gateway admitted an interactive request"

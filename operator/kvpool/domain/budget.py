@@ -35,7 +35,7 @@ Worked example (limit 1000 tokens per 60 s, so g = 1 s)::
     t=70.5  usage = buckets >= floor(10.5) = 10 -> 650     (the t=10.2 charge still counts)
     t=71.0  usage = buckets >= 11 -> 500                   (it has left the window)
 
-The same arithmetic runs in Redis as Lua scripts (``kvpool.adapters.budget_store``) so
+The same arithmetic runs in Redis as Lua scripts (``kvpool.adapters.budget.redis``) so
 several gateway replicas share one budget; this module is the reference the in-memory
 store uses and the one both stores are tested against.
 
