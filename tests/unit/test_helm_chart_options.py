@@ -212,12 +212,19 @@ def test_defaults_set_no_scheduling_knobs() -> None:
 
 
 def test_service_port_is_configurable_and_targets_the_container_port() -> None:
-    docs = render({"gateway": {"service": {"port": 8080}, "port": 9000}})
+    docs = render({"gateway": {"service": {"port": 8080}, "port": 9000, "metricsPort": 9001}})
 
     service = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("gateway"))
-    assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"}]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http"},
+        {"name": "metrics", "port": 9001, "targetPort": "metrics"},
+    ]
     container = pod_spec(gateway_deployment(docs))["containers"][0]
-    assert container["ports"] == [{"name": "http", "containerPort": 9000}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 9000},
+        {"name": "metrics", "containerPort": 9001},
+    ]
+    assert "--metrics-listen=0.0.0.0:9001" in container["args"]
 
 
 # --- namespaces and NOTES -------------------------------------------------------------------
