@@ -103,20 +103,26 @@ REJECTIONS = {
         "invalid_type",
     ),
     "max-tokens-zero": ("/v1/completions", ACME, completion(max_tokens=0), 400, None),
-    "context-exceeded": (
+    "max-tokens-over-the-context": (
         "/v1/completions",
         ACME,
-        completion(prompt=[1, 2, 3], max_tokens=100_000),
+        completion(prompt=[1, 2], max_tokens=513),
         400,
-        None,
+        "max_tokens_too_large",
     ),
-    "too-many-sequences": ("/v1/completions", ACME, completion(n=64), 413, None),
-    "batched-prompts": (
+    "prompt-fills-the-context": (
         "/v1/completions",
         ACME,
-        completion(prompt=["a", "b"]),
+        completion(prompt=[1] * 512),
         400,
-        "batched_prompts",
+        "prompt_too_long",
+    ),
+    "empty-prompt-list": (
+        "/v1/completions",
+        ACME,
+        completion(prompt=[]),
+        400,
+        "invalid_prompt",
     ),
     "chat-without-messages": ("/v1/chat/completions", ACME, {"model": "tiny"}, 400, None),
     "tier-not-allowed": (
@@ -181,6 +187,103 @@ async def test_caller_priority_is_stripped_and_the_tier_sets_it(
     assert engine.received[0]["priority"] == 1  # batch is the second tier: engine priority 1
     sent = {k.lower() for k in engine.headers[0]}
     assert not sent & {"x-priority", "priority", "x-request-priority", "authorization"}
+
+
+# (path, body, upstream output field, value the engine must receive or None = untouched).
+# maxModelLen 512; token-id prompts are counted exactly. The engine bounds each sequence's
+# output by min(max_tokens, 512 - prompt); the gateway charges that and says it upstream.
+ENGINE_RULES = {
+    "max-tokens-past-the-context-is-served-and-bounded": (
+        "/v1/completions",
+        completion(prompt=[1] * 401, max_tokens=120),
+        "max_tokens",
+        111,
+    ),
+    "completions-without-max-tokens-keeps-the-default-16": (
+        "/v1/completions",
+        completion(prompt=[1, 2, 3]),
+        "max_tokens",
+        None,
+    ),
+    "completions-null-max-tokens-is-bounded-by-the-context": (
+        "/v1/completions",
+        completion(prompt=[1, 2, 3], max_tokens=None),
+        "max_tokens",
+        509,
+    ),
+    "chat-without-max-tokens-is-bounded-by-the-context": (
+        "/v1/chat/completions",
+        chat("hi"),
+        "max_completion_tokens",
+        "bounded",
+    ),
+    "list-of-prompts-is-served": (
+        "/v1/completions",
+        completion(prompt=[[1, 2, 3], [4, 5]], max_tokens=4),
+        "max_tokens",
+        None,
+    ),
+    "n-sequences-beyond-a-replica-are-served": (
+        "/v1/completions",
+        completion(prompt=[1, 2], n=9, max_tokens=2),
+        "max_tokens",
+        None,
+    ),
+    "max-tokens-within-the-context-is-untouched": (
+        "/v1/completions",
+        completion(prompt=[1] * 10, max_tokens=5),
+        "max_tokens",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field_name", "expected"),
+    list(ENGINE_RULES.values()),
+    ids=list(ENGINE_RULES),
+)
+async def test_the_engine_rules_serve_and_bound_the_output(
+    engine: FakeEngine,
+    start_gateway: Start,
+    path: str,
+    body: dict[str, Any],
+    field_name: str,
+    expected: int | str | None,
+) -> None:
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    resp = await client.post(path, json=body, headers=ACME)
+    assert resp.status == 200, await resp.text()
+    sent = engine.received[0]
+    if expected is None:
+        assert sent.get(field_name) == body.get(field_name)
+    elif expected == "bounded":
+        assert isinstance(sent[field_name], int) and 400 < sent[field_name] < 512
+    else:
+        assert sent[field_name] == expected
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
+
+
+async def test_budget_is_charged_the_engine_bound_without_max_tokens(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 9.1: omitting max_tokens must not shrink the charge below what may be generated."""
+    config = standard_config([engine.url]).tenant(
+        "capped", key="sk-capped", tiers=["batch"], limits=[(60, 300)]
+    )
+    client, _ = await start_gateway(config.obj())
+    capped = {"Authorization": "Bearer sk-capped"}
+    bounded = await client.post(
+        "/v1/completions", json=completion(prompt=[1] * 10, max_tokens=100), headers=capped
+    )
+    # no max_tokens: 10 + 502 = 512 may be generated, more than the whole 300-token budget
+    unbounded = await client.post(
+        "/v1/completions", json=completion(prompt=[1] * 10, max_tokens=None), headers=capped
+    )
+    assert bounded.status == 200, await bounded.text()
+    assert unbounded.status == 429, await unbounded.text()
+    assert len(engine.received) == 1
 
 
 async def test_upstream_body_is_json_whatever_the_caller_declared(

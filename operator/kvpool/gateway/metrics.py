@@ -15,6 +15,8 @@ Series (all prefixed ``kvpool_gateway_``):
   floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
 - ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
 - ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
+- ``bound_tokens_total{pool}``: prompt + the engine's output bound (the budget charge) per
+  completed request; ``actual_tokens_total`` never exceeds it;
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
 - ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
@@ -129,6 +131,13 @@ class GatewayMetrics:
         self.actual_tokens = Counter(
             p + "actual_tokens",
             "Tokens completed requests really used (prompt + output).",
+            ["pool"],
+            registry=r,
+        )
+        self.bound_tokens = Counter(
+            p + "bound_tokens",
+            "Prompt + the most the engine may generate (what budgets are charged at admission), "
+            "of completed requests.",
             ["pool"],
             registry=r,
         )

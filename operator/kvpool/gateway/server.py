@@ -60,7 +60,16 @@ from kvpool.api.admission_config import (
 from kvpool.domain.admission import Admit, build_admission_request
 from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
 from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
-from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
+from kvpool.domain.estimate import (
+    REASON_INVALID_MAX_TOKENS,
+    REASON_INVALID_N,
+    REASON_MAX_TOKENS_TOO_LARGE,
+    REASON_PROMPT_TOO_LONG,
+    Estimate,
+    EstimateRejected,
+    PromptSize,
+    decide_estimate,
+)
 from kvpool.domain.partition import partition_pool
 from kvpool.domain.routing import NoTrack, decide_track
 from kvpool.gateway.errors import (
@@ -81,12 +90,18 @@ from kvpool.gateway.proxy import (
     build_upstream_body,
     proxy_request,
 )
-from kvpool.gateway.request import Kind, ParsedRequest, parse_request
+from kvpool.gateway.request import Kind, ParsedRequest, bound_upstream_output, parse_request
 
 log = logging.getLogger("kvpool.gateway")
 access_log = logging.getLogger("kvpool.access")
 
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ESTIMATE_PARAMS = {
+    REASON_PROMPT_TOO_LONG: "prompt",
+    REASON_INVALID_MAX_TOKENS: "max_tokens",
+    REASON_MAX_TOKENS_TOO_LARGE: "max_tokens",
+    REASON_INVALID_N: "n",
+}
 UNAUTHORIZED = GatewayError(401, "invalid_api_key", "invalid or missing API key", AUTHENTICATION)
 
 
@@ -246,17 +261,18 @@ class Gateway:
             raise UNAUTHORIZED
         return tenant
 
-    def _count_prompt(self, pool: CompiledPool, parsed: ParsedRequest) -> int | None:
+    def _count_prompt(self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any) -> int | None:
+        """The exact token count of the chat (``prompt`` None) or of one completions prompt."""
         tokenizer = self.tokenizers.get(pool.tokenizer_path)
         count: int | None = None
-        if parsed.messages is None and isinstance(parsed.prompt, list):
-            count = len(parsed.prompt)  # token ids: exact without a tokenizer
+        if parsed.messages is None and isinstance(prompt, list):
+            count = len(prompt)  # token ids: exact without a tokenizer
         elif tokenizer is not None:
             try:
                 if parsed.messages is not None:
                     count = tokenizer.count_chat(parsed.messages)
                 else:
-                    count = tokenizer.count_prompt(parsed.prompt)
+                    count = tokenizer.count_prompt(prompt)
             except Exception as exc:  # content the tokenizer cannot encode
                 log.debug("tokenizer failed on a request: %s", exc)
                 count = None
@@ -266,16 +282,25 @@ class Gateway:
         return count
 
     def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
-        verdict = decide_estimate(
-            pool,
-            prompt_tokens=self._count_prompt(pool, parsed),
-            prompt_utf8_bytes=parsed.prompt_utf8_bytes,
-            messages=len(parsed.messages) if parsed.messages is not None else 0,
-            max_tokens=parsed.max_tokens,
-            n=parsed.n,
-        )
+        if parsed.messages is not None:
+            prompts = [
+                PromptSize(
+                    self._count_prompt(pool, parsed, None),
+                    parsed.prompt_utf8_bytes,
+                    len(parsed.messages),
+                )
+            ]
+        else:
+            prompts = [
+                PromptSize(self._count_prompt(pool, parsed, prompt), size)
+                for prompt, size in zip(parsed.prompts, parsed.prompt_sizes, strict=True)
+            ]
+        verdict = decide_estimate(pool, prompts=prompts, max_tokens=parsed.max_tokens, n=parsed.n)
         if isinstance(verdict, EstimateRejected):
-            raise GatewayError(verdict.http_status, verdict.reason, verdict.message)
+            param = ESTIMATE_PARAMS.get(verdict.reason)
+            if param == "prompt" and parsed.messages is not None:
+                param = "messages"
+            raise GatewayError(verdict.http_status, verdict.reason, verdict.message, param=param)
         return verdict
 
     async def _charge(
@@ -351,7 +376,9 @@ class Gateway:
         except GatewayError:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
-        charge, tier, demoted = await self._charge(tenant, policy, pool, tier, estimate.tokens)
+        charge, tier, demoted = await self._charge(
+            tenant, policy, pool, tier, estimate.charge_tokens
+        )
         try:
             track = decide_track(pool, tier.name, random.random())
             if isinstance(track, NoTrack):
@@ -398,7 +425,7 @@ class Gateway:
     async def finish(self, admission: Admission, status: int, outcome: str) -> None:
         """Release the reservation, settle the budget, record metrics and the access log."""
         estimate = admission.estimate
-        actual = admission.meter.total(estimate.prompt_tokens * estimate.sequences)
+        actual = admission.meter.total(estimate.prompt_tokens)
         admission.runtime.release(admission.admit.reservation_id, actual or None)
         if admission.charge is not None:
             await self._settle(admission.charge, actual)
@@ -410,6 +437,7 @@ class Gateway:
         if actual:
             self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
             self.metrics.actual_tokens.labels(pool).inc(actual)
+            self.metrics.bound_tokens.labels(pool).inc(estimate.charge_tokens)
             self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
         if self.settings.access_log:
             self._access_log(admission, status, outcome, actual)
@@ -487,7 +515,11 @@ class Gateway:
                     503, "no_endpoint", "the pool lists no engine endpoint", OVERLOADED, 2.0
                 )
             priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
-            body = build_upstream_body(parsed.body, priority, parsed.stream)
+            body = build_upstream_body(
+                bound_upstream_output(parsed, admission.estimate.output_limit),
+                priority,
+                parsed.stream,
+            )
             assert self._session is not None, "Gateway.start() was not called"
             try:
                 response = await proxy_request(
