@@ -930,12 +930,19 @@ class AdmissionController:
             if tier is not None and t.rank > tier.rank:
                 lower_t += ut - own_t
                 lower_s += us - own_s
+            if wants is not None and t is not tier and t.name in wants:
+                # held for the tier's next request as if it were running already
+                want_t, want_s = wants[t.name]
+                ut += want_t
+                us += want_s
+                def_t += want_t
+                def_s += want_s
+                own_t = ut if ut < t.floor_t else t.floor_t
+                own_s = us if us < t.floor_s else t.floor_s
+                over_t += ut - own_t - (t.used_t - min(t.used_t, t.floor_t))
+                over_s += us - own_s - (t.used_s - min(t.used_s, t.floor_s))
             free_t = t.floor_t - own_t
             free_s = t.floor_s - own_s
-            if wants is not None and t is not tier and t.name in wants:
-                want_t, want_s = wants[t.name]
-                free_t = max(0, free_t - want_t)
-                free_s = max(0, free_s - want_s)
             idle_t += t.lend_t if t.lend_t < free_t else free_t
             idle_s += t.lend_s if t.lend_s < free_s else free_s
         def_t = max(def_t, over_t - max(0, pool.shared_tokens) - idle_t)
@@ -1033,6 +1040,18 @@ class AdmissionController:
 
     @staticmethod
     def _within_floor(tier: _TierState, request: AdmissionRequest) -> bool:
+        """Whether the request starts on the tier's own floor: it fits in what is left of
+        the floor, or the tier has a floor and nothing running (a floor always holds one
+        request, whatever its size: the part above the floor is borrowed, but it goes
+        before every borrower - the tier would otherwise starve behind busier tiers)."""
+        return (
+            tier.used_t + request.tokens <= tier.floor_t
+            and tier.used_s + request.slots <= tier.floor_s
+        ) or (tier.floor_t > 0 and tier.floor_s > 0 and tier.used_s == 0 and tier.used_t == 0)
+
+    @staticmethod
+    def _inside_floor(tier: _TierState, request: AdmissionRequest) -> bool:
+        """Whether the request fits entirely inside what is left of the tier's floor."""
         return (
             tier.used_t + request.tokens <= tier.floor_t
             and tier.used_s + request.slots <= tier.floor_s
@@ -1052,6 +1071,7 @@ class AdmissionController:
         if pos.deficit_t > 0 or pos.deficit_s > 0:
             if not (
                 within
+                and self._inside_floor(tier, req)
                 and tier.reclaim == "Preempt"
                 and pos.deficit_t <= pos.lower_over_t
                 and pos.deficit_s <= pos.lower_over_s
@@ -1077,8 +1097,9 @@ class AdmissionController:
             if isinstance(choice, NoReplica):
                 return None
             replica = self._replicas[choice.name]
+        inside = self._inside_floor(tier, req)
         borrowed_from: tuple[str, ...] = ()
-        if not within:
+        if not inside:
             borrowed_from = self._borrow_sources(tier, req)
         self._commit(tier, waiting, replica, now)
         if preempts:
@@ -1089,7 +1110,7 @@ class AdmissionController:
             tier=tier.name,
             tokens=req.tokens,
             slots=req.slots,
-            outcome="admitted" if within else "borrowed",
+            outcome="admitted" if inside else "borrowed",
             borrowed_from=borrowed_from,
             replica=replica.name if replica else None,
             replica_url=replica.url if replica else None,

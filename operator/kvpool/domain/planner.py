@@ -20,6 +20,18 @@ ceil(60 * 120 / (58 * 50)) = ceil(2.48) = 3 replicas.
 
 When ``maxReplicas`` clamps R below what a tier's peak needs, the plan marks that tier
 capacity-short: the answer is more capacity, never a smaller reservation.
+
+**No floor below one request.** A tier with ``floorPercent > 0`` gets at least one p95
+request (prompt p95 + output p95 tokens) and one slot: a percentage that rounds lower
+would let the tier's requests start only on borrowed capacity, which a busier tier of
+higher priority always wins (the tier starves). The raise is taken from the shared
+remainder first, then from the floors of other tiers above their own minimum, lowest
+priority first; the plan warns (``PoolPlan.small_floors`` names the tiers, and the
+ModelPool gets ``FloorTooSmall=True``). Worked example (one replica of 2,048 KV tokens at
+90 %, 8 sequences, p95 request 128 + 64 = 192 tokens): floors 50/30/10 % are interactive
+921 tokens / 4 slots, batch 552 / 2, eval 184 / 0 -> eval is raised to 192 / 1, taken from
+the shared remainder (186 -> 178 tokens, 2 -> 1 slot). With floors 60/39/1 % the shared
+remainder is too small: eval's 192 tokens take 172 from batch (718 -> 546).
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ class PoolPlan:
     shared_tokens: int  # tokens no tier reserves; go to waiting requests by priority
     shared_slots: int  # slots no tier reserves
     warnings: tuple[str, ...]  # capacity-short and similar, for humans
+    small_floors: tuple[str, ...] = ()  # tiers whose floor% held less than one p95 request
 
     @property
     def capacity_short(self) -> bool:
@@ -185,11 +198,13 @@ def plan_pool(
     wanted = max(required.values(), default=capacity.min_replicas)
     replicas = min(max(wanted, capacity.min_replicas), capacity.max_replicas)
 
+    total_tokens, total_slots = replicas * usable, replicas * live
+    floors_t, floors_s, small, warnings = _floors(
+        tier_policy, total_tokens, total_slots, sequence_tokens
+    )
     allocations: list[TierAllocationPlan] = []
-    warnings: list[str] = []
     for tier in tier_policy.spec.tiers:
-        floor_tokens = replicas * usable * tier.floor_percent // 100
-        floor_slots = replicas * live * tier.floor_percent // 100
+        floor_tokens, floor_slots = floors_t[tier.name], floors_s[tier.name]
         needed = required.get(tier.name)
         short = needed is not None and needed > capacity.max_replicas
         if short:
@@ -212,7 +227,6 @@ def plan_pool(
             )
         )
 
-    total_tokens, total_slots = replicas * usable, replicas * live
     return PoolPlan(
         replicas=replicas,
         kv_tokens_per_replica=kv,
@@ -225,4 +239,49 @@ def plan_pool(
         shared_tokens=total_tokens - sum(a.floor_tokens for a in allocations),
         shared_slots=total_slots - sum(a.floor_slots for a in allocations),
         warnings=tuple(warnings),
+        small_floors=tuple(small),
     )
+
+
+def _floors(
+    policy: TierPolicy, total_tokens: int, total_slots: int, one_request: int
+) -> tuple[dict[str, int], dict[str, int], list[str], list[str]]:
+    """Per-tier floors (tokens, slots): the percentages, each non-zero one raised to at
+    least one p95 request and one slot, the raise taken from the shared remainder and then
+    from other tiers' floors above their minimum, lowest priority first."""
+    tiers = policy.spec.tiers
+    floors_t = {t.name: total_tokens * t.floor_percent // 100 for t in tiers}
+    floors_s = {t.name: total_slots * t.floor_percent // 100 for t in tiers}
+    small: list[str] = []
+    warnings: list[str] = []
+    if total_tokens <= 0 or total_slots <= 0:
+        return floors_t, floors_s, small, warnings  # no warm replica: nothing to guarantee
+    for t in tiers:
+        if t.floor_percent > 0 and (floors_t[t.name] < one_request or floors_s[t.name] < 1):
+            small.append(t.name)
+            warnings.append(
+                f"floor of tier {t.name!r} ({t.floor_percent}% = {floors_t[t.name]} tokens, "
+                f"{floors_s[t.name]} slots) holds less than one p95 request ({one_request} "
+                "tokens, 1 slot): raised to one request"
+            )
+            floors_t[t.name] = max(floors_t[t.name], one_request)
+            floors_s[t.name] = max(floors_s[t.name], 1)
+    dims = ((floors_t, total_tokens, one_request, "tokens"), (floors_s, total_slots, 1, "slots"))
+    for floors, total, minimum, unit in dims:
+        excess = sum(floors.values()) - total
+        for t in reversed(tiers):  # other floors above their minimum, lowest priority first
+            if excess > 0 and t.name not in small and t.floor_percent > 0:
+                give = min(excess, max(0, floors[t.name] - minimum))
+                floors[t.name] -= give
+                excess -= give
+        for t in reversed(tiers):  # still too much: the lowest raised tiers lose their raise
+            if excess > 0 and t.name in small:
+                give = min(excess, floors[t.name])
+                floors[t.name] -= give
+                excess -= give
+                warnings.append(
+                    f"the pool's {total} {unit} cannot give every floor one p95 request: "
+                    f"tier {t.name!r} keeps {floors[t.name]} {unit}; add replicas or remove "
+                    "a floor"
+                )
+    return floors_t, floors_s, small, warnings
