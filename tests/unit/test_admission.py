@@ -23,6 +23,7 @@ from kvpool.domain.admission import (
     Reject,
     Wakeups,
 )
+from kvpool.gateway.outcomes import status_of
 from tests.support.admission_builders import PoolBuilder, Requests
 
 
@@ -46,7 +47,7 @@ def summary(verdict: Admit | Queue | Reject) -> tuple:
         return (verdict.outcome, verdict.borrowed_from, verdict.preempts)
     if isinstance(verdict, Queue):
         return ("queued",)
-    return (verdict.outcome, verdict.reason, verdict.http_status)
+    return (verdict.outcome, verdict.reason, status_of(verdict.reason))
 
 
 # Each case: a pool, the offers made first (tier, tokens), then the offer under test.
@@ -297,7 +298,7 @@ def test_request_that_cannot_start_within_max_queue_wait_is_rejected_at_once() -
     rejected = [v for v in verdicts if isinstance(v, Reject)]
     assert len(queued) == 20  # 2000 tokens ahead = 2 s of drain
     assert queued[0].estimated_wait_seconds == pytest.approx(0.1)
-    assert {(r.outcome, r.reason, r.http_status) for r in rejected} == {
+    assert {(r.outcome, r.reason, status_of(r.reason)) for r in rejected} == {
         ("rejected-deadline", REASON_QUEUE_WAIT, 503)
     }
     assert rejected[0].retry_after_seconds == 3.0
@@ -449,7 +450,7 @@ class TestReconfigure:
         ctl.offer(make.make("only", 600), 0.0)  # r2 queued
         small = PoolBuilder().capacity(500, 100).tier("only", 0, 0)
         changed = ctl.reconfigure(small.obj(), small.tiers(), 1.0)
-        assert [(r.request_id, r.reason, r.http_status) for r in changed.rejected] == [
+        assert [(r.request_id, r.reason, status_of(r.reason)) for r in changed.rejected] == [
             ("r2", REASON_TOO_LARGE_FOR_POOL, 413)
         ]
 

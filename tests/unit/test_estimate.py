@@ -18,6 +18,7 @@ from kvpool.domain.estimate import (
     decide_estimate,
     estimate_prompt_tokens,
 )
+from kvpool.gateway.outcomes import status_of
 from tests.support.admission_builders import PoolBuilder
 
 # maxModelLen 4096, output p95 512, one replica of 16384 tokens / 16 slots
@@ -137,7 +138,7 @@ def test_estimate(kwargs, expected) -> None:
 def test_estimate_rejects(kwargs, reason, status) -> None:
     verdict = decide_estimate(POOL, **kwargs)
     assert isinstance(verdict, EstimateRejected)
-    assert (verdict.reason, verdict.http_status) == (reason, status)
+    assert (verdict.reason, status_of(verdict.reason)) == (reason, status)
     assert verdict.message
 
 
@@ -168,7 +169,7 @@ def test_estimate_charges_everything_the_engine_can_generate(prompt, utf8, max_t
         assert verdict.tokens == min(verdict.charge_tokens, POOL.tokens_per_replica)
         assert verdict.slots == min(n, POOL.slots_per_replica)
     else:
-        assert verdict.http_status == 400
+        assert status_of(verdict.reason) == 400
 
 
 @given(st.integers(min_value=0, max_value=10**6), st.integers(min_value=0, max_value=100))

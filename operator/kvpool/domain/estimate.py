@@ -64,8 +64,6 @@ FALLBACK_BYTES_PER_TOKEN = 3
 FALLBACK_TOKENS_PER_MESSAGE = 8
 FALLBACK_MAX_BYTES_PER_TOKEN = 8
 
-BAD_REQUEST = 400
-
 REASON_INVALID_MAX_TOKENS = "invalid_max_tokens"
 REASON_INVALID_N = "invalid_n"
 REASON_PROMPT_TOO_LONG = "prompt_too_long"
@@ -118,11 +116,10 @@ class Estimate:
 
 @dataclass(frozen=True)
 class EstimateRejected:
-    """The engine would refuse the request as sent; answer ``http_status`` with ``message``."""
+    """The engine would refuse the request as sent (the gateway answers 400 for each reason)."""
 
     reason: str  # constant (REASON_*) for metrics and the JSON error code
     message: str  # client-facing explanation with the numbers
-    http_status: int  # 400
 
 
 EstimateVerdict = Estimate | EstimateRejected
@@ -169,16 +166,15 @@ def decide_estimate(
     """
     if max_tokens is not None and max_tokens < 1:
         return EstimateRejected(
-            REASON_INVALID_MAX_TOKENS, f"max_tokens must be >= 1, got {max_tokens}", BAD_REQUEST
+            REASON_INVALID_MAX_TOKENS, f"max_tokens must be >= 1, got {max_tokens}"
         )
     if n < 1:
-        return EstimateRejected(REASON_INVALID_N, f"n must be >= 1, got {n}", BAD_REQUEST)
+        return EstimateRejected(REASON_INVALID_N, f"n must be >= 1, got {n}")
     if max_tokens is not None and max_tokens > pool.max_model_len:
         return EstimateRejected(
             REASON_MAX_TOKENS_TOO_LARGE,
             f"max_tokens={max_tokens} cannot be greater than this model's maximum context "
             f"length of {pool.max_model_len} tokens",
-            BAD_REQUEST,
         )
     sizes = (
         list(prompts)
@@ -204,7 +200,6 @@ def decide_estimate(
                 f"this model's maximum context length is {limit} tokens; the {which}has "
                 f"{'at least ' if size.tokens is None else ''}{certain} tokens, which leaves "
                 "no room for one output token",
-                BAD_REQUEST,
             )
         # an estimated prompt may exceed the limit while its lower bound does not: keep one
         # output token and let the engine judge the real length

@@ -128,7 +128,6 @@ class PoolRuntime:
                         outcome="rejected-capacity",
                         reason=REASON_POOL_REMOVED,
                         message=f"model pool {self.pool.name!r} was removed from the config",
-                        http_status=503,
                         retry_after_seconds=1.0,
                     )
                 )

@@ -80,324 +80,32 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
-from kvpool.api.admission_config import CompiledPool, CompiledTenant, CompiledTier
-from kvpool.domain.estimate import Estimate
-from kvpool.domain.routing import NoReplica, ReplicaLoad, ReplicaView, decide_replica
-
-Outcome = Literal["admitted", "borrowed", "queued", "rejected-deadline", "rejected-capacity"]
-OUTCOMES: tuple[Outcome, ...] = (
-    "admitted",
-    "borrowed",
-    "queued",
-    "rejected-deadline",
-    "rejected-capacity",
+from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.ledger import _Position, _Replica, _Reservation, _TierState, _Waiting
+from kvpool.domain.admission.verdicts import (
+    REASON_DEADLINE_PASSED,
+    REASON_NO_PLAN,
+    REASON_NO_READY_REPLICA,
+    REASON_QUEUE_WAIT,
+    REASON_TIER_REMOVED,
+    REASON_TOO_LARGE_FOR_POOL,
+    REASON_UNKNOWN_TIER,
+    SHARED,
+    AdmissionRequest,
+    AdmissionSnapshot,
+    Admit,
+    Queue,
+    Reject,
+    ReplicaUsage,
+    TierUsage,
+    Verdict,
+    Wakeups,
 )
-
-SERVICE_UNAVAILABLE = 503
-PAYLOAD_TOO_LARGE = 413
-
-REASON_QUEUE_WAIT = "queue_wait_exceeded"  # expected wait beyond the tier's maxQueueWait
-REASON_DEADLINE_PASSED = "queue_deadline_passed"  # queued, and the deadline passed
-REASON_TOO_LARGE_FOR_POOL = "too_large_for_pool"  # can never fit, even in an idle pool
-REASON_NO_PLAN = "no_capacity_plan"  # pool.plan_ok is False: admit nothing
-REASON_UNKNOWN_TIER = "tier_not_in_pool"  # the pool's plan has no such tier
-REASON_NO_READY_REPLICA = "no_ready_replica"  # no ready replica on the request's track
-REASON_TIER_REMOVED = "tier_removed"  # reconfigure dropped the tier of a queued request
-SHARED = "shared"  # name used in Admit.borrowed_from for the shared remainder
+from kvpool.domain.routing import NoReplica, ReplicaView, decide_replica
 
 EWMA_ALPHA = 0.2  # weight of the newest hold-time sample
-
-
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """What admission needs to know about one request (built after classify/estimate)."""
-
-    request_id: str  # unique while queued or admitted; also the reservation id
-    tenant: str  # tenant id
-    tier: str  # tier from classify (after any demotion)
-    tokens: int  # KV tokens to reserve (Estimate.tokens)
-    slots: int = 1  # sequences (Estimate.slots)
-    weight: int = 1  # tenant fair-share weight within the tier
-    max_concurrency: int | None = None  # tenant's max in-flight requests in this pool
-    track: str | None = None  # "stable"/"canary" from decide_track; None = any replica
-
-
-def build_admission_request(
-    request_id: str,
-    tenant: CompiledTenant,
-    tier: str,
-    estimate: Estimate,
-    track: str | None = None,
-) -> AdmissionRequest:
-    """An :class:`AdmissionRequest` from the earlier steps' results."""
-    return AdmissionRequest(
-        request_id=request_id,
-        tenant=tenant.tenant,
-        tier=tier,
-        tokens=estimate.tokens,
-        slots=estimate.slots,
-        weight=max(1, tenant.weight),
-        max_concurrency=tenant.max_concurrency,
-        track=track,
-    )
-
-
-@dataclass(frozen=True)
-class Admit:
-    """The request may start now on ``replica``; release ``reservation_id`` when it ends."""
-
-    request_id: str
-    tenant: str
-    tier: str
-    tokens: int  # reserved KV tokens
-    slots: int  # reserved slots
-    outcome: Literal["admitted", "borrowed"]  # borrowed = uses shared or lent capacity
-    borrowed_from: tuple[str, ...] = ()  # "shared" and/or tier names lending to it
-    replica: str | None = None  # endpoint name; None when the pool lists no endpoints
-    replica_url: str | None = None  # endpoint base URL
-    track: str | None = None  # track of the replica
-    preempts: bool = False  # admitted by Preempt reclaim: the engine will preempt borrowers
-    queued_seconds: float = 0.0  # time spent queued (0 when admitted on arrival)
-    engine_priority: int = 0  # the vLLM ``priority`` to set on the upstream request
-
-    @property
-    def reservation_id(self) -> str:
-        """The id to pass to :meth:`AdmissionController.release`."""
-        return self.request_id
-
-
-@dataclass(frozen=True)
-class Queue:
-    """The request waits; it will appear in a later :class:`Wakeups` (admitted or rejected)."""
-
-    request_id: str
-    tier: str
-    deadline: float  # ``now`` + the tier's max_queue_wait_seconds
-    ahead_tokens: int  # tokens queued ahead of it (its tier and higher tiers)
-    estimated_wait_seconds: float | None  # None before any hold time was observed
-    outcome: Literal["queued"] = "queued"
-
-
-@dataclass(frozen=True)
-class Reject:
-    """The request will not run; answer ``http_status`` (with Retry-After if given)."""
-
-    request_id: str
-    tier: str
-    outcome: Literal["rejected-deadline", "rejected-capacity"]
-    reason: str  # REASON_* constant (JSON error code, metric label)
-    message: str  # client-facing explanation
-    http_status: int  # 503 (retryable) or 413 (can never fit)
-    retry_after_seconds: float | None = None  # suggestion for the Retry-After header
-    queued_seconds: float = 0.0  # time spent queued before the rejection
-
-
-Verdict = Admit | Queue | Reject
-
-
-@dataclass(frozen=True)
-class Wakeups:
-    """What a change caused: queued requests that start now, and queued ones rejected."""
-
-    admitted: tuple[Admit, ...] = ()  # in the order they were admitted
-    rejected: tuple[Reject, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.admitted or self.rejected)
-
-
-@dataclass(frozen=True)
-class TierUsage:
-    """In-use versus plan for one tier (metrics: in-use vs floor)."""
-
-    tier: str
-    rank: int
-    in_use_tokens: int
-    in_use_slots: int
-    floor_tokens: int
-    floor_slots: int
-    borrowed_tokens: int  # in use above the floor
-    borrowed_slots: int
-    lent_tokens: int  # this tier's floor currently held by borrowers
-    lent_slots: int
-    queued_requests: int
-    queued_tokens: int
-
-
-@dataclass(frozen=True)
-class ReplicaUsage:
-    """Reservations on one replica."""
-
-    name: str
-    track: str
-    ready: bool
-    reserved_tokens: int
-    reserved_slots: int
-    capacity_tokens: int
-    capacity_slots: int
-
-
-@dataclass(frozen=True)
-class AdmissionSnapshot:
-    """The controller's state for metrics and debugging."""
-
-    pool: str
-    total_tokens: int
-    total_slots: int
-    in_use_tokens: int
-    in_use_slots: int
-    shared_used_tokens: int
-    shared_used_slots: int
-    overcommit_tokens: int  # above the plan because of Preempt reclaim (0 normally)
-    overcommit_slots: int
-    tiers: tuple[TierUsage, ...]
-    replicas: tuple[ReplicaUsage, ...]
-    in_flight: int  # admitted, not yet released
-    queued: int
-    preempt_admissions: int  # cumulative count of Admit(preempts=True)
-    mean_hold_seconds: float | None  # EWMA of reservation durations (None: none observed)
-    estimate_error_tokens: int = 0  # cumulative reserved - actual over settled releases
-    settled: int = 0  # releases that reported actual tokens
-
-
-class _TierState:
-    """Mutable per-tier accounting (internal)."""
-
-    __slots__ = (
-        "engine_priority",
-        "floor_s",
-        "floor_t",
-        "head",
-        "head_valid",
-        "lend_s",
-        "lend_t",
-        "max_wait",
-        "name",
-        "queued_count",
-        "queued_s",
-        "queued_t",
-        "queues",
-        "rank",
-        "reclaim",
-        "removed",
-        "tenant_tokens",
-        "used_s",
-        "used_t",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.rank = 0
-        self.engine_priority = 0
-        self.max_wait = 0.0
-        self.reclaim = "Wait"
-        self.removed = False
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
-        self.used_t = self.used_s = 0
-        self.queued_t = self.queued_s = self.queued_count = 0
-        self.queues: dict[str, deque[_Waiting]] = {}
-        self.tenant_tokens: dict[str, int] = {}
-        self.head: _Waiting | None = None  # cached fairness pick (see _head)
-        self.head_valid = False
-
-    def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
-        alloc = pool.tiers.get(tier.name)
-        self.rank = tier.rank
-        self.engine_priority = tier.engine_priority
-        self.max_wait = max(0.0, tier.max_queue_wait_seconds)
-        self.reclaim = tier.reclaim
-        self.removed = False
-        self.floor_t = alloc.floor_tokens if alloc else 0
-        self.floor_s = alloc.floor_slots if alloc else 0
-        self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
-        self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
-
-    def retire(self) -> None:
-        """The tier left the policy: keep its reservations, guarantee it nothing."""
-        self.removed = True
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
-
-
-@dataclass
-class _Replica:
-    """Reservations on one replica; also a :class:`ReplicaView` for :func:`decide_replica`."""
-
-    name: str
-    url: str
-    track: str
-    up: bool  # ready per config / set_replica_ready
-    listed: bool = True  # still in the config (else kept only until its reservations end)
-    reserved_tokens: int = 0
-    reserved_slots: int = 0
-    by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
-    preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
-    preemptible_slots: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return self.up and self.listed
-
-    def load(self, below_rank: int) -> ReplicaLoad:
-        """A view where reservations of ranks below ``below_rank`` count as preemptible."""
-        pre_t = pre_s = 0
-        for rank, (t, s) in self.by_rank.items():
-            if rank > below_rank:
-                pre_t += t
-                pre_s += s
-        return ReplicaLoad(
-            name=self.name,
-            track=self.track,
-            ready=self.ready,
-            reserved_tokens=self.reserved_tokens,
-            reserved_slots=self.reserved_slots,
-            preemptible_tokens=pre_t,
-            preemptible_slots=pre_s,
-        )
-
-    def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:
-        self.reserved_tokens += sign * tokens
-        self.reserved_slots += sign * slots
-        cell = self.by_rank.setdefault(rank, [0, 0])
-        cell[0] += sign * tokens
-        cell[1] += sign * slots
-        if cell == [0, 0]:
-            del self.by_rank[rank]
-
-    @property
-    def empty(self) -> bool:
-        return self.reserved_tokens == 0 and self.reserved_slots == 0
-
-
-@dataclass
-class _Reservation:
-    request: AdmissionRequest
-    tier: _TierState
-    admitted_at: float
-    replica: _Replica | None
-    rank: int  # rank at admission (replica per-rank accounting)
-
-
-@dataclass
-class _Waiting:
-    request: AdmissionRequest
-    tier: _TierState
-    arrived_at: float
-    deadline: float
-    seq: int
-    alive: bool = True
-
-
-@dataclass(frozen=True)
-class _Position:
-    """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
-
-    deficit_t: int
-    deficit_s: int
-    lower_over_t: int  # capacity lower-priority tiers hold above their floors
-    lower_over_s: int
 
 
 class AdmissionController:
@@ -465,7 +173,6 @@ class AdmissionController:
                     f"tier {tier.name!r} cannot start this request within its maximum queue "
                     f"wait of {tier.max_wait:g}s (expected ~{wait:.1f}s): retry later"
                 ),
-                http_status=SERVICE_UNAVAILABLE,
                 retry_after_seconds=_retry_after(wait),
             )
         return Queue(
@@ -549,7 +256,6 @@ class AdmissionController:
                         f"not started within tier {waiting.tier.name!r}'s maximum queue wait "
                         f"of {waiting.tier.max_wait:g}s: retry later"
                     ),
-                    http_status=SERVICE_UNAVAILABLE,
                     retry_after_seconds=_retry_after(self._mean_hold or waiting.tier.max_wait),
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
@@ -582,10 +288,10 @@ class AdmissionController:
         for waiting in list(self._waiting.values()):
             tier = waiting.tier
             if tier in removed:
-                reason, status = REASON_TIER_REMOVED, SERVICE_UNAVAILABLE
+                reason = REASON_TIER_REMOVED
                 message = f"tier {tier.name!r} was removed from the pool's policy"
             elif self._pool.plan_ok and self._never_fits(waiting.request, tier):
-                reason, status = REASON_TOO_LARGE_FOR_POOL, PAYLOAD_TOO_LARGE
+                reason = REASON_TOO_LARGE_FOR_POOL
                 message = self._too_large_message(waiting.request, tier)
             else:
                 continue
@@ -597,7 +303,6 @@ class AdmissionController:
                     outcome="rejected-capacity",
                     reason=reason,
                     message=message,
-                    http_status=status,
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
             )
@@ -730,30 +435,26 @@ class AdmissionController:
             outcome: Literal["rejected-deadline", "rejected-capacity"],
             reason: str,
             message: str,
-            status: int,
         ) -> Reject:
-            return Reject(request.request_id, request.tier, outcome, reason, message, status)
+            return Reject(request.request_id, request.tier, outcome, reason, message)
 
         if not self._pool.plan_ok:
             return reject(
                 "rejected-capacity",
                 REASON_NO_PLAN,
                 f"pool {self._pool.name!r} has no capacity plan yet: retry later",
-                SERVICE_UNAVAILABLE,
             )
         if tier is None or tier.removed:
             return reject(
                 "rejected-capacity",
                 REASON_UNKNOWN_TIER,
                 f"pool {self._pool.name!r} has no tier {request.tier!r}",
-                SERVICE_UNAVAILABLE,
             )
         if self._never_fits(request, tier):
             return reject(
                 "rejected-capacity",
                 REASON_TOO_LARGE_FOR_POOL,
                 self._too_large_message(request, tier),
-                PAYLOAD_TOO_LARGE,
             )
         if self._replicas and not any(
             r.ready and (request.track is None or r.track == request.track)
@@ -764,7 +465,6 @@ class AdmissionController:
                 REASON_NO_READY_REPLICA,
                 f"no ready replica of pool {self._pool.name!r}"
                 + (f" on track {request.track!r}" if request.track else ""),
-                SERVICE_UNAVAILABLE,
             )
         return None
 
