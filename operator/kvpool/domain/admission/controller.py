@@ -130,6 +130,9 @@ class AdmissionController:
         self._settled = 0
         self._pending: list[Admit] = []  # started by an offer, delivered by the next Wakeups
         self._pending_since: float | None = None
+        self._borrowing_paused = False  # engines report their KV cache nearly full
+        self._lent_limits: dict[int, int] = {}  # protected rank -> borrowers allowed below it
+        self._borrowed_by_rank: dict[int, int] = {}  # rank -> in-flight borrowed requests
         self._apply_plan(pool, tiers)
 
     # ------------------------------------------------------------------ public API
@@ -194,6 +197,12 @@ class AdmissionController:
         res = self._reservations.pop(reservation_id, None)
         if res is None:
             return self._wakeups([], [])
+        if res.borrowed:
+            left = self._borrowed_by_rank.get(res.rank, 0) - 1
+            if left > 0:
+                self._borrowed_by_rank[res.rank] = left
+            else:
+                self._borrowed_by_rank.pop(res.rank, None)
         req, tier = res.request, res.tier
         tier.used_t -= req.tokens
         tier.used_s -= req.slots
@@ -310,6 +319,49 @@ class AdmissionController:
             if tier.used_t == 0 and tier.used_s == 0 and tier.queued_count == 0:
                 self._drop_tier(tier)
         return self._wakeups(self._dispatch(now), rejected)
+
+    def set_borrowing_paused(self, paused: bool, now: float) -> Wakeups:
+        """Stop (or resume) starting requests on borrowed capacity; floors are unaffected.
+
+        The I/O layer pauses borrowing while the engines' *measured* KV usage is near the
+        target: the ledger counts reservations, the engines count what is really held.
+        """
+        if paused == self._borrowing_paused:
+            return self._wakeups([], [])
+        self._borrowing_paused = paused
+        return self._wakeups([] if paused else self._dispatch(now), [])
+
+    def set_lent_limit(self, tier: str, limit: int | None, now: float) -> Wakeups:
+        """At most ``limit`` requests of tiers below ``tier`` may run on borrowed capacity
+        (None: no limit). Set by the TTFT limiter of a tier with a ``ttftP95Target``."""
+        state = self._tiers.get(tier)
+        if state is None:
+            return self._wakeups([], [])
+        before = self._lent_limits.get(state.rank)
+        if limit is None:
+            self._lent_limits.pop(state.rank, None)
+        else:
+            self._lent_limits[state.rank] = max(0, limit)
+        grew = before is not None and (limit is None or limit > before)
+        return self._wakeups(self._dispatch(now) if grew else [], [])
+
+    def borrowed_below(self, tier: str) -> int:
+        """In-flight requests of tiers below ``tier`` running on borrowed capacity."""
+        state = self._tiers.get(tier)
+        if state is None:
+            return 0
+        return sum(n for rank, n in self._borrowed_by_rank.items() if rank > state.rank)
+
+    def _lending_blocked(self, tier: _TierState) -> bool:
+        """Whether a borrower of ``tier`` is held by a pause or a lent limit above it."""
+        if self._borrowing_paused:
+            return True
+        for rank, limit in self._lent_limits.items():
+            if rank < tier.rank:
+                below = sum(n for r, n in self._borrowed_by_rank.items() if r > rank)
+                if below >= limit:
+                    return True
+        return False
 
     def set_replica_ready(self, name: str, ready: bool, now: float) -> Wakeups:
         """Mark a replica (un)routable between config reloads (e.g. after engine errors)."""
@@ -766,6 +818,9 @@ class AdmissionController:
         now: float,
     ) -> Admit | None:
         req = waiting.request
+        inside = self._inside_floor(tier, req)
+        if not within and self._lending_blocked(tier):
+            return None
         pos = self._position(tier, req.tokens, req.slots, None if within else wants)
         preempts = False
         if pos.deficit_t > 0 or pos.deficit_s > 0:
@@ -797,11 +852,10 @@ class AdmissionController:
             if isinstance(choice, NoReplica):
                 return None
             replica = self._replicas[choice.name]
-        inside = self._inside_floor(tier, req)
         borrowed_from: tuple[str, ...] = ()
         if not inside:
             borrowed_from = self._borrow_sources(tier, req)
-        self._commit(tier, waiting, replica, now)
+        self._commit(tier, waiting, replica, now, borrowed=not within)
         if preempts:
             self._preempt_admissions += 1
         return Admit(
@@ -850,7 +904,13 @@ class AdmissionController:
         )
 
     def _commit(
-        self, tier: _TierState, waiting: _Waiting, replica: _Replica | None, now: float
+        self,
+        tier: _TierState,
+        waiting: _Waiting,
+        replica: _Replica | None,
+        now: float,
+        *,
+        borrowed: bool = False,
     ) -> None:
         req = waiting.request
         self._unqueue(waiting)
@@ -863,7 +923,11 @@ class AdmissionController:
         self._touch(tier, req.tenant)
         if replica is not None:
             replica.add(tier.rank, req.tokens, req.slots, +1)
-        self._reservations[req.request_id] = _Reservation(req, tier, now, replica, tier.rank)
+        self._reservations[req.request_id] = _Reservation(
+            req, tier, now, replica, tier.rank, borrowed
+        )
+        if borrowed:
+            self._borrowed_by_rank[tier.rank] = self._borrowed_by_rank.get(tier.rank, 0) + 1
 
     def _wakeups(self, admitted: list[Admit], rejected: list[Reject]) -> Wakeups:
         if self._pending:

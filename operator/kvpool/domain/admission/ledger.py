@@ -130,6 +130,7 @@ class _Reservation:
     admitted_at: float
     replica: _Replica | None
     rank: int  # rank at admission (replica per-rank accounting)
+    borrowed: bool = False  # started on borrowed capacity (counts against lent limits)
 
 
 @dataclass
