@@ -64,6 +64,7 @@ class _Tier:
     wait: float
     engine_priority: int | None
     reclaim: Literal["Wait", "Preempt"]
+    ttft: float | None = None  # ttftP95Target seconds
 
 
 @dataclass
@@ -85,9 +86,10 @@ class ConfigBuilder:
         wait: float = 5.0,
         engine_priority: int | None = None,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
+        ttft: float | None = None,
     ) -> ConfigBuilder:
         """Add a tier (highest priority first); floor and lend are percents."""
-        self._tiers.append(_Tier(name, floor, lend, wait, engine_priority, reclaim))
+        self._tiers.append(_Tier(name, floor, lend, wait, engine_priority, reclaim, ttft))
         return self
 
     def rule(
@@ -114,6 +116,7 @@ class ConfigBuilder:
                 max_queue_wait_seconds=t.wait,
                 engine_priority=rank if t.engine_priority is None else t.engine_priority,
                 reclaim=t.reclaim,
+                ttft_p95_target_seconds=t.ttft,
             )
             for rank, t in enumerate(self._tiers)
         ]

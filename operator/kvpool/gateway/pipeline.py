@@ -51,6 +51,7 @@ from kvpool.api.admission_config import (
     CompiledTierPolicy,
 )
 from kvpool.domain.admission import Admit, build_admission_request
+from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
 from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
 from kvpool.domain.estimate import (
@@ -159,6 +160,7 @@ class RequestPipeline:
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
         self._background: set[asyncio.Task[None]] = set()  # settlements in flight
+        self.adaptations: dict[str, PoolAdaptation] = {}  # pool -> learned/measured state
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
 
@@ -297,6 +299,9 @@ class RequestPipeline:
                     track.reason, f"model {parsed.model!r} has no ready engine", retry_after=2.0
                 )
             request_id = f"{self._prefix}-{next(self._ids)}"
+            adaptation = self.adaptations.get(pool.name)
+            if adaptation is not None:  # reserve what the tier's requests use, not the bound
+                estimate = adaptation.reserve(tier.name, estimate)
             areq = build_admission_request(
                 request_id, tenant, tier.name, estimate, track.track.name
             )
@@ -332,7 +337,7 @@ class RequestPipeline:
         estimate = admission.estimate
         actual = meter.total(estimate.prompt_tokens)
         now = asyncio.get_running_loop().time()
-        first = getattr(meter, "first_token_at", None)
+        first = meter.first_token_at
         outcome = Outcome(
             status=status,
             label=label,
@@ -346,6 +351,7 @@ class RequestPipeline:
         if admission.charge is not None:
             await self._settle(admission.charge, actual)
         self._record(admission, outcome)
+        self._adapt(admission, outcome)
         if self.settings.access_log:
             self._access_log(admission, outcome)
         return outcome
@@ -364,6 +370,25 @@ class RequestPipeline:
             self.metrics.actual_tokens.labels(pool).inc(actual)
             self.metrics.bound_tokens.labels(pool).inc(estimate.charge_tokens)
             self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
+
+    def _adapt(self, admission: Admission, outcome: Outcome) -> None:
+        """Feed the finished request to its pool's learning: output and TTFT samples."""
+        pool, tier = admission.pool.name, admission.tier.name
+        if outcome.ttft_seconds is not None:
+            self.metrics.ttft.labels(pool, tier).observe(outcome.ttft_seconds)
+        adaptation = self.adaptations.get(pool)
+        if adaptation is None:
+            return
+        if outcome.label == "ok" and admission.meter.reported and outcome.completion_tokens:
+            adaptation.settled(tier, outcome.completion_tokens, admission.estimate.sequences)
+        if outcome.ttft_seconds is not None:
+            limit = adaptation.ttft(tier, outcome.ttft_seconds)
+            limiter = adaptation.limiters.get(tier)
+            if limiter is not None and limiter.p95 is not None:
+                self.metrics.ttft_p95.labels(pool, tier).set(limiter.p95)
+            if limit is not None:
+                admission.runtime.set_lent_limit(tier, limit)
+                self.metrics.lent_limit.labels(pool, tier).set(limit)
 
     async def _settle(self, charge: BudgetCharge, actual: int) -> None:
         """Settle a charge. A remote store settles in the background: the answer (a

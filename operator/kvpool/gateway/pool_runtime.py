@@ -95,6 +95,14 @@ class PoolRuntime:
         self.pool = pool
         self._apply(self.controller.reconfigure(pool, tiers, self.now()))
 
+    def set_borrowing_paused(self, paused: bool) -> None:
+        """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
+        self._apply(self.controller.set_borrowing_paused(paused, self.now()))
+
+    def set_lent_limit(self, tier: str, limit: int | None) -> None:
+        """Limit the requests of tiers below ``tier`` running on borrowed capacity."""
+        self._apply(self.controller.set_lent_limit(tier, limit, self.now()))
+
     def mark_replica_down(self, name: str) -> None:
         """Route nothing to ``name`` for ``replica_retry_seconds`` (it refused a connection)."""
         if name in self._down:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,13 @@ class UsageMeter:
     chunks: int = 0  # content chunks relayed (stream)
     reported: bool = False  # True when the engine's usage was seen
     client_gone: bool = False  # the client disconnected during the stream
+    first_token_at: float | None = None  # monotonic time of the first content chunk (TTFT)
+
+    def chunk(self) -> None:
+        """One content chunk relayed; the first one marks the time to first token."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.chunks += 1
 
     def take(self, usage: Any) -> None:
         """Record a ``usage`` object from the engine."""
@@ -183,7 +191,7 @@ def _is_usage_only(payload: bytes, meter: UsageMeter) -> bool:
     if payload == SSE_DONE:
         return False
     if b'"usage"' not in payload:
-        meter.chunks += 1
+        meter.chunk()
         return False
     try:
         doc = json.loads(payload)
@@ -196,7 +204,7 @@ def _is_usage_only(payload: bytes, meter: UsageMeter) -> bool:
         meter.take(usage)
     choices = doc.get("choices")
     if choices:
-        meter.chunks += 1
+        meter.chunk()
         return False
     return usage is not None
 

@@ -29,8 +29,10 @@ import aiohttp
 from aiohttp import web
 
 from kvpool.adapters.budget_store import BudgetStore
+from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.api.admission_config import AdmissionConfig
+from kvpool.api.admission_config import AdmissionConfig, CompiledPool, CompiledTier
+from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.partition import partition_pool
 from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.metrics import GatewayMetrics
@@ -67,6 +69,9 @@ class GatewaySettings:
     replica_retry_seconds: float = 2.0  # an unreachable replica rests this long
     access_log: bool = True
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
+    learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
+    engine_poll_seconds: float = 0.25  # poll each replica's /metrics (0: never)
+    borrow_pause_usage: float = 0.9  # measured KV usage that pauses borrowing
 
 
 class Gateway(RequestPipeline):
@@ -92,6 +97,8 @@ class Gateway(RequestPipeline):
         )
         self._session: aiohttp.ClientSession | None = None
         self._started = False
+        self._watcher: asyncio.Task[None] | None = None
+        self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
         self._config_info(config)
 
@@ -109,9 +116,14 @@ class Gateway(RequestPipeline):
             timeout=timeout, connector=connector, auto_decompress=False
         )
         self._started = True
+        if self.settings.engine_poll_seconds > 0:
+            self._watcher = asyncio.create_task(self._watch_engines())
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         for runtime in self.runtimes.values():
             runtime.close()
         if self._background:
@@ -149,8 +161,71 @@ class Gateway(RequestPipeline):
                 )
             else:
                 runtime.reconfigure(pool, tiers)
+            self._sync_adaptation(pool, tiers)
         for name in [n for n in self.runtimes if n not in names]:
             self.runtimes.pop(name).close()
+            self.adaptations.pop(name, None)
+
+    def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
+        adaptation = self.adaptations.get(pool.name)
+        if adaptation is None:
+            adaptation = self.adaptations[pool.name] = PoolAdaptation(
+                tiers,
+                pool.total_slots,
+                learn=self.settings.learn_reservations,
+                pause_usage=self.settings.borrow_pause_usage,
+            )
+        else:
+            adaptation.configure(tiers, pool.total_slots)
+        for tier in tiers:
+            self.metrics.overcommit_ratio.labels(pool.name, tier.name).set(
+                adaptation.ratio_of(tier.name)
+            )
+            limiter = adaptation.limiters.get(tier.name)
+            if limiter is not None:
+                self.metrics.ttft_target.labels(pool.name, tier.name).set(limiter.target_seconds)
+                self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
+
+    async def _watch_engines(self) -> None:
+        """Poll every replica's /metrics; correct admission with what the engines report."""
+        while True:
+            await asyncio.sleep(self.settings.engine_poll_seconds)
+            for name in list(self.runtimes):
+                try:
+                    await self._poll_pool(name)
+                except Exception as exc:  # one bad poll must not end the watch
+                    log.warning("engine poll of pool %s failed: %s", name, exc)
+
+    async def _poll_pool(self, name: str) -> None:
+        runtime, adaptation = self.runtimes.get(name), self.adaptations.get(name)
+        if runtime is None or adaptation is None or self._session is None:
+            return
+        endpoints = [e for track in runtime.pool.tracks for e in track.endpoints if e.ready]
+        if not endpoints:
+            return
+        loads = await asyncio.gather(*(fetch_engine_load(self._session, e.url) for e in endpoints))
+        new, usage = 0, None
+        for endpoint, load in zip(endpoints, loads, strict=True):
+            if load is None:
+                self.metrics.engine_poll_errors.labels(name).inc()
+                continue
+            before = self._preemptions_seen.get(endpoint.url)
+            self._preemptions_seen[endpoint.url] = load.preemptions_total
+            if before is not None and load.preemptions_total > before:
+                new += load.preemptions_total - before
+            usage = load.kv_usage if usage is None else max(usage, load.kv_usage)
+            self.metrics.engine_kv_usage.labels(name, endpoint.name).set(load.kv_usage)
+        if usage is None:
+            return  # no engine answered: keep the last view (counted in poll errors)
+        if new:
+            self.metrics.engine_preemptions.labels(name).inc(new)
+        verdict = adaptation.engines(new, usage)
+        runtime.set_borrowing_paused(verdict.pause_borrowing)
+        self.metrics.borrowing_paused.labels(name).set(1 if verdict.pause_borrowing else 0)
+        for tier in adaptation.tiers:
+            self.metrics.overcommit_ratio.labels(name, tier.name).set(
+                adaptation.ratio_of(tier.name)
+            )
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
 
