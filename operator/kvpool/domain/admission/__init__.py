@@ -7,8 +7,10 @@ part of kvpool; it is split so each piece can be read alone:
 - :mod:`.verdicts`: requests, verdicts (``Admit | Queue | Reject``, each with a reason),
   wake-ups and snapshots;
 - :mod:`.ledger`: the controller's mutable per-tier / per-replica accounting;
-- :mod:`.controller`: ``AdmissionController`` - floors, borrowing by priority, the fair
-  queue within a tier, deadlines, starvation freedom;
+- :mod:`.fair_queue`: the waiting requests - per tier, per tenant FIFO, the fair pick
+  (lowest in-use / weight), deadlines;
+- :mod:`.controller`: ``AdmissionController`` - floors, borrowing by priority, deadlines,
+  starvation freedom, lent limits and the borrowing pause;
 - :mod:`.learning`: the learned output reservation and the adaptive overcommit ratio;
 - :mod:`.limiter`: the TTFT limiter that throttles what is lent to lower tiers.
 

@@ -76,13 +76,12 @@ returns the offer's time meanwhile, so an I/O layer that calls :meth:`expire` at
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.fair_queue import FairQueue
 from kvpool.domain.admission.ledger import _Position, _Replica, _Reservation, _TierState, _Waiting
 from kvpool.domain.admission.verdicts import (
     REASON_DEADLINE_PASSED,
@@ -119,10 +118,8 @@ class AdmissionController:
         self._order: list[_TierState] = []
         self._replicas: dict[str, _Replica] = {}
         self._reservations: dict[str, _Reservation] = {}
-        self._waiting: dict[str, _Waiting] = {}
-        self._deadlines: list[tuple[float, int, str]] = []
         self._tenant_inflight: dict[str, int] = {}
-        self._seq = 0
+        self._waiting = FairQueue(self._tenant_inflight)
         self._used_t = self._used_s = 0
         self._mean_hold: float | None = None
         self._preempt_admissions = 0
@@ -150,8 +147,8 @@ class AdmissionController:
         if reject is not None:
             return reject
         tier = self._tiers[request.tier]
-        waiting = _Waiting(request, tier, now, now + tier.max_wait, self._next_seq())
-        self._enqueue(waiting)
+        waiting = _Waiting(request, tier, now, now + tier.max_wait, self._waiting.next_seq())
+        self._waiting.enqueue(waiting)
         started = self._dispatch(now, only=waiting)
         if started:
             if any(request.tenant in t.queues for t in self._order):
@@ -166,7 +163,7 @@ class AdmissionController:
         ahead_t, ahead_s = self._ahead(tier, request)
         wait = self._expected_wait(tier, request, ahead_t, ahead_s)
         if wait is not None and wait > tier.max_wait:
-            self._unqueue(waiting)
+            self._waiting.unqueue(waiting)
             return Reject(
                 request_id=rid,
                 tier=tier.name,
@@ -218,7 +215,7 @@ class AdmissionController:
             self._tenant_inflight[req.tenant] = inflight
         else:
             self._tenant_inflight.pop(req.tenant, None)
-        self._touch(tier, req.tenant)
+        FairQueue.touch(tier, req.tenant, self._order)
         if res.replica is not None:
             res.replica.add(res.rank, req.tokens, req.slots, -1)
             if not res.replica.listed and res.replica.empty:
@@ -243,21 +240,17 @@ class AdmissionController:
         waiting = self._waiting.get(request_id)
         if waiting is None:
             return self._wakeups([], [])
-        self._unqueue(waiting)
+        self._waiting.unqueue(waiting)
         return self._wakeups(self._dispatch(now), [])
 
     def expire(self, now: float) -> Wakeups:
         """Reject queued requests whose deadline is <= now (``rejected-deadline``)."""
         rejected: list[Reject] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, rid = heapq.heappop(self._deadlines)
-            waiting = self._waiting.get(rid)
-            if waiting is None or not waiting.alive:
-                continue
-            self._unqueue(waiting)
+        for waiting in list(self._waiting.expired(now)):
+            self._waiting.unqueue(waiting)
             rejected.append(
                 Reject(
-                    request_id=rid,
+                    request_id=waiting.request.request_id,
                     tier=waiting.tier.name,
                     outcome="rejected-deadline",
                     reason=REASON_DEADLINE_PASSED,
@@ -277,13 +270,7 @@ class AdmissionController:
         """When to call :meth:`expire`: the earliest deadline of a queued request, or a past
         time (the offer's ``now``) when an offer started other requests too (rare, see the
         module docstring) so that the next :class:`Wakeups` delivers them."""
-        while self._deadlines:
-            _, _, rid = self._deadlines[0]
-            waiting = self._waiting.get(rid)
-            if waiting is not None and waiting.alive:
-                break
-            heapq.heappop(self._deadlines)
-        earliest = self._deadlines[0][0] if self._deadlines else None
+        earliest = self._waiting.earliest_deadline()
         if self._pending_since is not None:
             return self._pending_since if earliest is None else min(earliest, self._pending_since)
         return earliest
@@ -294,7 +281,7 @@ class AdmissionController:
         a removed tier, or that can no longer ever fit, are rejected."""
         removed = self._apply_plan(pool, tiers)
         rejected: list[Reject] = []
-        for waiting in list(self._waiting.values()):
+        for waiting in self._waiting.values():
             tier = waiting.tier
             if tier in removed:
                 reason = REASON_TIER_REMOVED
@@ -304,7 +291,7 @@ class AdmissionController:
                 message = self._too_large_message(waiting.request, tier)
             else:
                 continue
-            self._unqueue(waiting)
+            self._waiting.unqueue(waiting)
             rejected.append(
                 Reject(
                     request_id=waiting.request.request_id,
@@ -544,75 +531,6 @@ class AdmissionController:
             f"{cap_s} slots for one request"
         )
 
-    # ------------------------------------------------------------------ queue
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _enqueue(self, waiting: _Waiting) -> None:
-        req, tier = waiting.request, waiting.tier
-        self._waiting[req.request_id] = waiting
-        tier.queues.setdefault(req.tenant, deque()).append(waiting)
-        tier.queued_t += req.tokens
-        tier.queued_s += req.slots
-        tier.queued_count += 1
-        heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
-        tier.head_valid = False
-
-    def _unqueue(self, waiting: _Waiting) -> None:
-        """Remove a waiting request (lazy in its deque and in the deadline heap)."""
-        if not waiting.alive:
-            return
-        waiting.alive = False
-        req, tier = waiting.request, waiting.tier
-        del self._waiting[req.request_id]
-        tier.queued_t -= req.tokens
-        tier.queued_s -= req.slots
-        tier.queued_count -= 1
-        queue = tier.queues.get(req.tenant)
-        if queue is not None:
-            while queue and not queue[0].alive:
-                queue.popleft()
-            if not queue:
-                del tier.queues[req.tenant]
-        tier.head_valid = False
-
-    def _head(self, tier: _TierState) -> _Waiting | None:
-        """The tier's next request: the waiting tenant with the lowest in-use/weight.
-
-        Invariant kept by :meth:`_unqueue`: the front of every tenant deque is alive. The
-        pick is cached per tier until something it depends on changes (:meth:`_touch`).
-        """
-        if tier.head_valid:
-            return tier.head
-        best: _Waiting | None = None
-        best_usage = 0.0
-        inflight = self._tenant_inflight
-        usage_of = tier.tenant_tokens
-        for tenant, queue in tier.queues.items():
-            head = queue[0]
-            req = head.request
-            limit = req.max_concurrency
-            if limit is not None and inflight.get(tenant, 0) >= limit:
-                continue
-            usage = usage_of.get(tenant, 0) / (req.weight if req.weight > 0 else 1)
-            if best is None or usage < best_usage or (usage == best_usage and head.seq < best.seq):
-                best, best_usage = head, usage
-        tier.head, tier.head_valid = best, True
-        return best
-
-    def _touch(self, tier: _TierState, tenant: str) -> None:
-        """Invalidate cached picks after ``tenant``'s use in ``tier`` or its queue changed.
-
-        The tier's pick depends on its queues and tenant usage; other tiers' picks depend
-        on this tenant only through its in-flight count (``max_concurrency``).
-        """
-        tier.head_valid = False
-        for other in self._order:
-            if tenant in other.queues:
-                other.head_valid = False
-
     def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
         """Tokens and slots queued ahead of a new request (its tier and higher tiers)."""
         ahead_t = ahead_s = 0
@@ -756,7 +674,7 @@ class AdmissionController:
         for tier in self._order:
             if only is not None and tier.rank > only.tier.rank:
                 break
-            head = heads[tier.name] = self._head(tier) if tier.queues else None
+            head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
             while head is not None:
                 if only is not None and head is not only:
                     borrowing_closed = True  # a blocked head (fixed point) waits before it
@@ -771,7 +689,7 @@ class AdmissionController:
                     borrowing_closed = True
                     break
                 admitted.append(admit)
-                head = heads[tier.name] = self._head(tier) if tier.queues else None
+                head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
                 if wants is not None:
                     wants.pop(tier.name, None)
                     if head is not None and self._within_floor(tier, head.request):
@@ -785,7 +703,7 @@ class AdmissionController:
             if tier.name in heads:
                 head = heads[tier.name]
             else:
-                head = heads[tier.name] = self._head(tier) if tier.queues else None
+                head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
             if head is not None and self._within_floor(tier, head.request):
                 wants[tier.name] = (head.request.tokens, head.request.slots)
         return wants
@@ -913,14 +831,14 @@ class AdmissionController:
         borrowed: bool = False,
     ) -> None:
         req = waiting.request
-        self._unqueue(waiting)
+        self._waiting.unqueue(waiting)
         tier.used_t += req.tokens
         tier.used_s += req.slots
         self._used_t += req.tokens
         self._used_s += req.slots
         tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
         self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
-        self._touch(tier, req.tenant)
+        FairQueue.touch(tier, req.tenant, self._order)
         if replica is not None:
             replica.add(tier.rank, req.tokens, req.slots, +1)
         self._reservations[req.request_id] = _Reservation(
