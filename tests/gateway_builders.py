@@ -47,6 +47,7 @@ from kvpool.api.admission_config import (
     Track,
 )
 from kvpool.api.common import LabelSelector
+from kvpool.domain.planner import plan_floors
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
 
@@ -135,14 +136,20 @@ class ConfigBuilder:
         canary_weight: int = 0,
         canary_tiers: list[str] | None = None,
     ) -> ConfigBuilder:
-        """A pool planned like the operator does: floors are percents of the total."""
+        """A pool planned like the operator does: floors are percents of the total, each
+        non-zero floor at least one p95 request (prompt p95 = maxModelLen / 2) and one slot."""
         replicas = len(endpoints) + len(canary or [])
         total_tokens = tokens_per_replica * max(1, replicas)
         total_slots = slots_per_replica * max(1, replicas)
+        floors_t, floors_s, _, _ = plan_floors(
+            [(t.name, t.floor) for t in self._tiers],
+            total_tokens,
+            total_slots,
+            max_model_len // 2 + output_p95,
+        )
         tiers = {}
         for t in self._tiers:
-            floor_tokens = total_tokens * t.floor // 100
-            floor_slots = total_slots * t.floor // 100
+            floor_tokens, floor_slots = floors_t[t.name], floors_s[t.name]
             tiers[t.name] = TierAllocation(
                 floor_tokens=floor_tokens,
                 floor_slots=floor_slots,

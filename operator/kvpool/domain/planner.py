@@ -36,6 +36,7 @@ remainder is too small: eval's 192 tokens take 172 from batch (718 -> 546).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -199,8 +200,11 @@ def plan_pool(
     replicas = min(max(wanted, capacity.min_replicas), capacity.max_replicas)
 
     total_tokens, total_slots = replicas * usable, replicas * live
-    floors_t, floors_s, small, warnings = _floors(
-        tier_policy, total_tokens, total_slots, sequence_tokens
+    floors_t, floors_s, small, warnings = plan_floors(
+        [(t.name, t.floor_percent) for t in tier_policy.spec.tiers],
+        total_tokens,
+        total_slots,
+        sequence_tokens,
     )
     allocations: list[TierAllocationPlan] = []
     for tier in tier_policy.spec.tiers:
@@ -243,45 +247,46 @@ def plan_pool(
     )
 
 
-def _floors(
-    policy: TierPolicy, total_tokens: int, total_slots: int, one_request: int
+def plan_floors(
+    tiers: Sequence[tuple[str, int]], total_tokens: int, total_slots: int, one_request: int
 ) -> tuple[dict[str, int], dict[str, int], list[str], list[str]]:
-    """Per-tier floors (tokens, slots): the percentages, each non-zero one raised to at
-    least one p95 request and one slot, the raise taken from the shared remainder and then
-    from other tiers' floors above their minimum, lowest priority first."""
-    tiers = policy.spec.tiers
-    floors_t = {t.name: total_tokens * t.floor_percent // 100 for t in tiers}
-    floors_s = {t.name: total_slots * t.floor_percent // 100 for t in tiers}
+    """Per-tier floors (tokens, slots) of ``(name, floorPercent)`` tiers in priority order:
+    the percentages, each non-zero one raised to at least one p95 request (``one_request``
+    tokens) and one slot, the raise taken from the shared remainder and then from other
+    tiers' floors above their minimum, lowest priority first. Returns the floors, the
+    raised tiers and the warnings."""
+    floors_t = {name: total_tokens * pct // 100 for name, pct in tiers}
+    floors_s = {name: total_slots * pct // 100 for name, pct in tiers}
     small: list[str] = []
     warnings: list[str] = []
     if total_tokens <= 0 or total_slots <= 0:
         return floors_t, floors_s, small, warnings  # no warm replica: nothing to guarantee
-    for t in tiers:
-        if t.floor_percent > 0 and (floors_t[t.name] < one_request or floors_s[t.name] < 1):
-            small.append(t.name)
+    for name, pct in tiers:
+        if pct > 0 and (floors_t[name] < one_request or floors_s[name] < 1):
+            small.append(name)
             warnings.append(
-                f"floor of tier {t.name!r} ({t.floor_percent}% = {floors_t[t.name]} tokens, "
-                f"{floors_s[t.name]} slots) holds less than one p95 request ({one_request} "
+                f"floor of tier {name!r} ({pct}% = {floors_t[name]} tokens, "
+                f"{floors_s[name]} slots) holds less than one p95 request ({one_request} "
                 "tokens, 1 slot): raised to one request"
             )
-            floors_t[t.name] = max(floors_t[t.name], one_request)
-            floors_s[t.name] = max(floors_s[t.name], 1)
+            floors_t[name] = max(floors_t[name], one_request)
+            floors_s[name] = max(floors_s[name], 1)
     dims = ((floors_t, total_tokens, one_request, "tokens"), (floors_s, total_slots, 1, "slots"))
     for floors, total, minimum, unit in dims:
         excess = sum(floors.values()) - total
-        for t in reversed(tiers):  # other floors above their minimum, lowest priority first
-            if excess > 0 and t.name not in small and t.floor_percent > 0:
-                give = min(excess, max(0, floors[t.name] - minimum))
-                floors[t.name] -= give
+        for name, pct in reversed(tiers):  # other floors above their minimum, lowest first
+            if excess > 0 and name not in small and pct > 0:
+                give = min(excess, max(0, floors[name] - minimum))
+                floors[name] -= give
                 excess -= give
-        for t in reversed(tiers):  # still too much: the lowest raised tiers lose their raise
-            if excess > 0 and t.name in small:
-                give = min(excess, floors[t.name])
-                floors[t.name] -= give
+        for name, _ in reversed(tiers):  # still too much: the lowest raised tiers lose it
+            if excess > 0 and name in small:
+                give = min(excess, floors[name])
+                floors[name] -= give
                 excess -= give
                 warnings.append(
                     f"the pool's {total} {unit} cannot give every floor one p95 request: "
-                    f"tier {t.name!r} keeps {floors[t.name]} {unit}; add replicas or remove "
+                    f"tier {name!r} keeps {floors[name]} {unit}; add replicas or remove "
                     "a floor"
                 )
     return floors_t, floors_s, small, warnings

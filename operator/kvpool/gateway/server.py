@@ -71,7 +71,7 @@ class GatewaySettings:
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
     learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
     engine_poll_seconds: float = 0.25  # poll each replica's /metrics (0: never)
-    borrow_pause_usage: float = 0.9  # measured KV usage that pauses borrowing
+    borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
 
 
 class Gateway(RequestPipeline):

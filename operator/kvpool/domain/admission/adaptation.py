@@ -47,7 +47,7 @@ class PoolAdaptation:
     tiers: list[CompiledTier]
     lent_maximum: int  # ceiling of the lent limits (the pool's slots)
     learn: bool = True  # False: reserve every request's full bound (the safe reservation)
-    pause_usage: float = 0.9  # measured KV usage that pauses borrowing
+    pause_usage: float = 0.97  # measured KV usage that pauses borrowing
     resume_margin: float = 0.05
     ratio: OvercommitRatio = field(default_factory=OvercommitRatio)
     learners: dict[str, OutputLearner] = field(default_factory=dict)
