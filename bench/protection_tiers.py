@@ -440,7 +440,7 @@ def draw(scenarios: dict[str, Any], path: Path) -> Path | None:
     ax.plot(
         [r["batch_tokens_per_s"] for r in sweep],
         [r["chat_ttft_p95_ms"] for r in sweep],
-        "o-",
+        "o",
         label="kvpool (ttftP95Target sweep)",
     )
     for row in sweep:
