@@ -576,6 +576,8 @@ def main_three(args: argparse.Namespace) -> int:
     """Issue 8's three tiers: kvpool against engine priority-only, and the TTFT sweep."""
     if args.duration is None:
         args.duration = 20.0 if args.quick else 30.0
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     if args.batch_workers == 8:  # the two-tier default: the issue's flood has 12
         args.batch_workers = 12
     sweep: list[float | None] = []
@@ -606,6 +608,7 @@ def main_three(args: argparse.Namespace) -> int:
             "kv_tokens": 2048,
             "max_num_seqs": 8,
             "seed": args.seed,
+            "rounds": args.rounds,
             "pinned": args.pin,
         },
         "scenarios": scenarios,

@@ -10,7 +10,8 @@ Preempt, batch 30 % lends half, eval 10 %; engine priorities 0/10/20):
   ``max_tokens`` 120 (prompt + max_tokens is often above 512: vLLM clamps, so must kvpool);
 - ``--eval-workers`` (3) closed-loop **eval** workers (~200-token prompts, 64 tokens).
 
-Scenarios, each a fresh seeded run of the same load on the same engines:
+Scenarios, each the same seeded load on the same engines, run in ``--rounds`` interleaved
+rounds (shuffled each round; the machine's load drifts and must hit every scenario alike):
 
 - ``chat-alone``: the chat tenant alone, direct (the floor no policy can beat);
 - ``fcfs``: everyone direct on a second engine with FCFS scheduling;
@@ -84,6 +85,18 @@ class RunTally:
     tiers: dict[str, TierTally] = field(default_factory=lambda: {t: TierTally() for t in KEYS})
     seconds: float = 0.0
     preemptions: float = 0.0
+
+    def merge(self, other: RunTally) -> None:
+        """Add another round of the same scenario."""
+        self.ttft_ms += other.ttft_ms
+        for tier, counts in other.tiers.items():
+            mine = self.tiers[tier]
+            mine.tokens += counts.tokens
+            mine.done += counts.done
+            mine.rejected += counts.rejected
+            mine.errors += counts.errors
+        self.seconds += other.seconds
+        self.preemptions += other.preemptions
 
 
 async def _stream(
@@ -325,7 +338,7 @@ def start_engine(policy: str, workdir: Path, pin: bool) -> VllmEngine:
 async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Every scenario once (seeded), engines and gateways started and stopped here."""
     engines: dict[str, VllmEngine] = {}
-    seconds = args.duration
+    seconds = args.duration / args.rounds
     results: dict[str, Any] = {}
     targets: list[float | None] = [EXAMPLE_TTFT_TARGET, *args.ttft_sweep]
     try:
@@ -349,38 +362,49 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
             else:
                 name = f"kvpool-ttft-{target * 1000:g}"
             plan.append((name, ("gateway", prio, target)))
-        for name, how in plan:
-            print(f"three tiers: {name} ({seconds:.0f} s)", flush=True)
-            if how[0] == "direct":
-                _, engine, chat_only, priorities = how
-                tally = await run_scenario(
-                    engine,
-                    engine.base_url,
-                    chat_only=chat_only,
-                    priorities=priorities,
-                    args=args,
-                    seconds=seconds,
+        tallies: dict[str, RunTally] = {name: RunTally() for name, _ in plan}
+        order = list(plan)
+        shuffle = random.Random(args.seed)
+        for round_index in range(args.rounds):
+            shuffle.shuffle(order)  # machine load drifts: every scenario sees the same mix
+            for name, how in order:
+                print(
+                    f"three tiers, round {round_index + 1}/{args.rounds}: {name} ({seconds:.0f} s)",
+                    flush=True,
                 )
-                row = summarise(tally)
-            else:
-                _, engine, target = how
-                config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
-                gateway = GatewayProcess(
-                    config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
-                )
-                await asyncio.to_thread(gateway.start)
-                try:
+                if how[0] == "direct":
+                    _, engine, chat_only, priorities = how
                     tally = await run_scenario(
                         engine,
-                        gateway.url,
-                        chat_only=False,
-                        priorities=False,
+                        engine.base_url,
+                        chat_only=chat_only,
+                        priorities=priorities,
                         args=args,
                         seconds=seconds,
                     )
-                finally:
-                    await asyncio.to_thread(gateway.stop)
-                row = summarise(tally)
+                else:
+                    _, engine, target = how
+                    config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
+                    gateway = GatewayProcess(
+                        config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
+                    )
+                    await asyncio.to_thread(gateway.start)
+                    try:
+                        tally = await run_scenario(
+                            engine,
+                            gateway.url,
+                            chat_only=False,
+                            priorities=False,
+                            args=args,
+                            seconds=seconds,
+                        )
+                    finally:
+                        await asyncio.to_thread(gateway.stop)
+                tallies[name].merge(tally)
+        for name, how in plan:
+            row = summarise(tallies[name])
+            if how[0] == "gateway":
+                target = how[2]
                 row["ttft_target_ms"] = None if target is None else target * 1000
             results[name] = row
     finally:
