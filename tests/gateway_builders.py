@@ -278,6 +278,7 @@ class FakeEngine:
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     cancelled: int = 0  # requests whose client went away before the answer ended
+    metrics_text: str | None = None  # served on /metrics when set (else 404)
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -285,7 +286,13 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def start(self, port: int = 0) -> FakeEngine:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)

@@ -205,6 +205,12 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngi
             await asyncio.sleep(0.02)
         status, _ = await running
         gone = await fetch_engine_load(session, "http://127.0.0.1:1")
+        async with session.get(engine.metrics_url) as resp:
+            raw = await resp.text()
+        final = await fetch_engine_load(session, engine.base_url)
+    assert final is not None
+    assert final.preemptions_total == _sample(raw, "vllm:num_preemptions_total")
+    assert final.running == _sample(raw, "vllm:num_requests_running")
     assert idle is not None and 0.0 <= idle.kv_usage <= 1.0 and idle.preemptions_total >= 0
     assert status == 200
     assert busiest > 0.0, "the engine never reported KV usage while a 500-token request ran"

@@ -601,3 +601,105 @@ def test_tokenizer_cache_loads_once_and_never_raises(tmp_path: Path, setup: str)
     first = cache.get(path)
     assert (first is not None) == (setup == "folder")
     assert cache.get(path) is first  # cached, failures included
+
+
+def _vllm_metrics(usage: float, preemptions: int) -> str:
+    return (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {usage}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0\n'
+        "# TYPE vllm:num_preemptions counter\n"
+        f'vllm:num_preemptions_total{{engine="0",model_name="tiny"}} {preemptions}\n'
+    )
+
+
+async def _metric(client: TestClient[Any, Any], name: str, **labels: str) -> float:
+    text = await (await client.get("/metrics")).text()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+
+
+async def _until(check: Callable[[], Awaitable[bool]], seconds: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_engines_near_full_pause_borrowing_and_preemptions_back_off(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 8.3: the engines' own /metrics correct admission."""
+    engine.delay = 0.3
+    engine.metrics_text = _vllm_metrics(0.5, 0)
+    client, gateway = await start_gateway(
+        standard_config([engine.url]).obj(), engine_poll_seconds=0.05
+    )
+    assert await _until(
+        lambda: _ok(_metric(client, "kvpool_gateway_overcommit_ratio", tier="batch"), below=1.0)
+    ), "the batch ratio never crept down while the engine reported no preemptions"
+
+    engine.metrics_text = _vllm_metrics(0.99, 0)
+    assert await _until(
+        lambda: _ok(_metric(client, "kvpool_gateway_borrowing_paused", pool="tiny"), above=0.5)
+    )
+    # batch's floor is 614 tokens / 2 slots: two requests of ~520 tokens each exceed it
+    big = completion(prompt=[1] * 400, max_tokens=100)
+    first = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
+    await asyncio.sleep(0.1)
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_flight, snap.queued) == (1, 1), "a borrower started while paused"
+
+    engine.metrics_text = _vllm_metrics(0.5, 7)  # room again, but the engine preempted
+    responses = await asyncio.gather(first, second)
+    assert [r.status for r in responses] == [200, 200]
+    ratio = await _metric(client, "kvpool_gateway_overcommit_ratio", tier="batch")
+    preempted = await _metric(client, "kvpool_gateway_engine_preemptions_total", pool="tiny")
+    assert preempted == 7.0
+    assert ratio == 1.0 or ratio > 0.9, f"no back-off after preemptions: ratio {ratio}"
+    assert await _metric(client, "kvpool_gateway_overcommit_ratio", tier="interactive") == 1.0
+
+
+async def _ok(
+    value: Awaitable[float], *, below: float | None = None, above: float | None = None
+) -> bool:
+    got = await value
+    return (below is None or got < below) and (above is None or got > above)
+
+
+async def test_ttft_over_the_target_throttles_what_is_lent_below(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 8.4: streamed TTFT above the interactive target lowers the lent limit."""
+    engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, wait=5.0, ttft=0.01)
+        .tier("batch", floor=30, wait=5.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool("tiny", [engine.url])
+        .tenant(
+            "acme", key="sk-acme", tiers=["interactive", "batch"], labels={"class": "interactive"}
+        )
+    )
+    client, gateway = await start_gateway(config.obj(), engine_poll_seconds=0)
+    assert await _metric(client, "kvpool_gateway_lent_limit", tier="interactive") == 8.0
+    for _ in range(20):
+        resp = await client.post(
+            "/v1/chat/completions", json=chat(stream=True, max_tokens=2), headers=ACME
+        )
+        await resp.read()
+
+    limit = await _metric(client, "kvpool_gateway_lent_limit", tier="interactive")
+    p95 = await _metric(client, "kvpool_gateway_tier_ttft_p95_seconds", tier="interactive")
+    target = await _metric(client, "kvpool_gateway_tier_ttft_target_seconds", tier="interactive")
+    assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
+    assert p95 >= 0.03
+    assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}

@@ -33,14 +33,15 @@ class EngineLoad:
 def parse_engine_metrics(text: str) -> EngineLoad:
     """The load in a vLLM exposition text (sums over label sets; missing series are 0)."""
     values = {USAGE: 0.0, RUNNING: 0.0, WAITING: 0.0, PREEMPTIONS: 0.0}
+    # by sample name: the parser files ``x_total`` under family ``x`` or ``x_total``
+    # depending on how the TYPE line names it
     for family in text_string_to_metric_families(text):
-        if family.name in values:
-            for sample in family.samples:
-                if sample.name in (family.name, family.name + "_total"):
-                    if family.name == USAGE:
-                        values[USAGE] = max(values[USAGE], sample.value)
-                    else:
-                        values[family.name] += sample.value
+        for sample in family.samples:
+            name = sample.name[: -len("_total")] if sample.name.endswith("_total") else sample.name
+            if name == USAGE:
+                values[USAGE] = max(values[USAGE], sample.value)
+            elif name in values:
+                values[name] += sample.value
     return EngineLoad(
         kv_usage=values[USAGE],
         running=int(values[RUNNING]),
