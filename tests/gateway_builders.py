@@ -47,6 +47,7 @@ from kvpool.api.admission_config import (
     Track,
 )
 from kvpool.api.common import LabelSelector
+from kvpool.domain.planner import plan_floors
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
 
@@ -65,6 +66,7 @@ class _Tier:
     engine_priority: int | None
     reclaim: Literal["Wait", "Preempt"]
     budget_unavailable: Literal["Allow", "Reject"] | None = None
+    ttft: float | None = None  # ttftP95Target seconds
 
 
 @dataclass
@@ -87,10 +89,11 @@ class ConfigBuilder:
         engine_priority: int | None = None,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
         budget_unavailable: Literal["Allow", "Reject"] | None = None,
+        ttft: float | None = None,
     ) -> ConfigBuilder:
         """Add a tier (highest priority first); floor and lend are percents."""
         self._tiers.append(
-            _Tier(name, floor, lend, wait, engine_priority, reclaim, budget_unavailable)
+            _Tier(name, floor, lend, wait, engine_priority, reclaim, budget_unavailable, ttft)
         )
         return self
 
@@ -119,6 +122,7 @@ class ConfigBuilder:
                 engine_priority=rank if t.engine_priority is None else t.engine_priority,
                 reclaim=t.reclaim,
                 budget_unavailable=t.budget_unavailable,
+                ttft_p95_target_seconds=t.ttft,
             )
             for rank, t in enumerate(self._tiers)
         ]
@@ -137,14 +141,20 @@ class ConfigBuilder:
         canary_weight: int = 0,
         canary_tiers: list[str] | None = None,
     ) -> ConfigBuilder:
-        """A pool planned like the operator does: floors are percents of the total."""
+        """A pool planned like the operator does: floors are percents of the total, each
+        non-zero floor at least one p95 request (prompt p95 = maxModelLen / 2) and one slot."""
         replicas = len(endpoints) + len(canary or [])
         total_tokens = tokens_per_replica * max(1, replicas)
         total_slots = slots_per_replica * max(1, replicas)
+        floors_t, floors_s, _, _ = plan_floors(
+            [(t.name, t.floor) for t in self._tiers],
+            total_tokens,
+            total_slots,
+            max_model_len // 2 + output_p95,
+        )
         tiers = {}
         for t in self._tiers:
-            floor_tokens = total_tokens * t.floor // 100
-            floor_slots = total_slots * t.floor // 100
+            floor_tokens, floor_slots = floors_t[t.name], floors_s[t.name]
             tiers[t.name] = TierAllocation(
                 floor_tokens=floor_tokens,
                 floor_slots=floor_slots,
@@ -273,6 +283,7 @@ class FakeEngine:
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     cancelled: int = 0  # requests whose client went away before the answer ended
+    metrics_text: str | None = None  # served on /metrics when set (else 404)
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -280,7 +291,13 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def start(self, port: int = 0) -> FakeEngine:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)

@@ -125,11 +125,14 @@ class BodyWorker:
                 1.0,
             ) from exc
 
-    async def count_prompt(self, pool: CompiledPool, parsed: ParsedRequest) -> int | None:
-        """Prompt tokens by the pool's tokenizer, or None (no tokenizer, content it cannot
-        count, a prompt certainly too long for the model, or the time bound passed)."""
-        if parsed.messages is None and isinstance(parsed.prompt, list):
-            return len(parsed.prompt)  # token ids: exact without a tokenizer
+    async def count_prompt(
+        self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any, utf8_bytes: int
+    ) -> int | None:
+        """Tokens of the chat (``prompt`` None) or of one completions prompt by the pool's
+        tokenizer, or None (no tokenizer, content it cannot count, a prompt certainly too
+        long for the model, or the time bound passed)."""
+        if parsed.messages is None and isinstance(prompt, list):
+            return len(prompt)  # token ids: exact without a tokenizer
         tokenizer = self.tokenizers.get(pool.tokenizer_path)
         if tokenizer is None:
             return None
@@ -142,23 +145,26 @@ class BodyWorker:
                         self._tokenize, longest_token_bytes, tokenizer
                     )
                     self._longest[tokenizer.path] = longest
-                if parsed.prompt_utf8_bytes > pool.max_model_len * longest:
+                if utf8_bytes > pool.max_model_len * longest:
                     return None  # cannot fit the model: not worth templating/tokenizing
-                return await loop.run_in_executor(self._tokenize, _count, tokenizer, parsed)
+                return await loop.run_in_executor(
+                    self._tokenize, _count, tokenizer, parsed.messages, prompt
+                )
         except TimeoutError:
             log.warning(
                 "prompt count of %d bytes exceeded %.1fs; using the byte estimate",
-                parsed.prompt_utf8_bytes,
+                utf8_bytes,
                 self.tokenize_seconds,
             )
             return None
 
 
-def _count(tokenizer: LoadedTokenizer, parsed: ParsedRequest) -> int | None:
+def _count(
+    tokenizer: LoadedTokenizer, messages: list[dict[str, Any]] | None, prompt: Any
+) -> int | None:
     try:
-        if parsed.messages is not None:
-            return tokenizer.count_chat(parsed.messages)
-        prompt: Any = parsed.prompt
+        if messages is not None:
+            return tokenizer.count_chat(messages)
         return tokenizer.count_prompt(prompt)
     except Exception as exc:  # content the tokenizer cannot encode
         log.debug("tokenizer failed on a request: %s", exc)

@@ -95,6 +95,14 @@ class PoolRuntime:
         for name in self._ejected:  # a new config does not bring an ejected replica back
             self._apply(self.controller.set_replica_ready(name, False, self.now()))
 
+    def set_borrowing_paused(self, paused: bool) -> None:
+        """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
+        self._apply(self.controller.set_borrowing_paused(paused, self.now()))
+
+    def set_lent_limit(self, tier: str, limit: int | None) -> None:
+        """Limit the requests of tiers below ``tier`` running on borrowed capacity."""
+        self._apply(self.controller.set_lent_limit(tier, limit, self.now()))
+
     def set_replica_ejected(self, name: str, ejected: bool) -> None:
         """Take a replica out of routing, or put it back if the config lists it ready
         (outlier ejection decides when: :mod:`kvpool.gateway.ejection`)."""
@@ -117,7 +125,6 @@ class PoolRuntime:
                         outcome="rejected-capacity",
                         reason=REASON_POOL_REMOVED,
                         message=f"model pool {self.pool.name!r} was removed from the config",
-                        http_status=503,
                         retry_after_seconds=1.0,
                     )
                 )

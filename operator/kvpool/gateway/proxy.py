@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ class UsageMeter:
     client_gone: bool = False  # the client disconnected during the stream
     sent: bool = False  # the request was handed to the engine (not refused at connect)
     stream_response: web.StreamResponse | None = None  # set once a stream has started
+    first_token_at: float | None = None  # monotonic time of the first content chunk (TTFT)
 
     def settlement(self, reserved: int, prompt_estimate: int) -> RequestEnd:
         """The facts :func:`kvpool.domain.budget.decide_settlement` needs."""
@@ -93,6 +95,12 @@ class UsageMeter:
             sent=self.sent,
             client_aborted=self.client_gone,
         )
+
+    def chunk(self) -> None:
+        """One content chunk relayed; the first one marks the time to first token."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.chunks += 1
 
     def take(self, usage: Any) -> None:
         """Record a ``usage`` object from the engine."""
@@ -273,7 +281,7 @@ def _is_usage_only(payload: bytes, meter: UsageMeter) -> bool:
     if payload == SSE_DONE:
         return False
     if b'"usage"' not in payload:
-        meter.chunks += 1
+        meter.chunk()
         return False
     try:
         doc = json.loads(payload)
@@ -286,7 +294,7 @@ def _is_usage_only(payload: bytes, meter: UsageMeter) -> bool:
         meter.take(usage)
     choices = doc.get("choices")
     if choices:
-        meter.chunks += 1
+        meter.chunk()
         return False
     return usage is not None
 
