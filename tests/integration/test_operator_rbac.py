@@ -139,7 +139,13 @@ def run_scenario(kube: KubeApi) -> None:
 
 @pytest.mark.parametrize(
     ("values", "watched"),
-    [({}, None), ({"operator": {"watchNamespace": "default"}}, "default")],
+    [
+        ({}, None),
+        (
+            {"operator": {"watchNamespace": "default"}, "gateway": {"poolNamespace": "default"}},
+            "default",
+        ),
+    ],
     ids=["cluster-wide", "namespaced"],
 )
 def test_the_chart_grants_exactly_what_the_operator_uses(

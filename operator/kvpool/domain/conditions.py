@@ -28,6 +28,7 @@ CAPACITY_MEASURED = "CapacityMeasured"
 CAPACITY_SHORT = "CapacityShort"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 DEGRADED = "Degraded"
+FLOOR_TOO_SMALL = "FloorTooSmall"  # a tier's floorPercent held less than one p95 request
 CONFIG_STALE = "ConfigStale"  # the gateway enforces a plan made for an earlier spec
 MODELPOOL_CONDITION_TYPES = (
     READY,
@@ -35,6 +36,7 @@ MODELPOOL_CONDITION_TYPES = (
     CAPACITY_SHORT,
     METRICS_UNAVAILABLE,
     DEGRADED,
+    FLOOR_TOO_SMALL,
     CONFIG_STALE,
 )
 
@@ -56,6 +58,10 @@ NO_CAPACITY = "NoCapacityFigure"  # neither measured nor declared
 # CapacityShort
 MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"  # a tier's peak needs more than maxReplicas
 CAPACITY_SUFFICIENT = "CapacitySufficient"
+
+# FloorTooSmall
+FLOOR_RAISED = "FloorRaisedToOneRequest"  # the planner raised the floor to one p95 request
+FLOORS_HOLD_A_REQUEST = "FloorsHoldARequest"
 
 # MetricsUnavailable
 PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"  # connection error, timeout or HTTP error

@@ -4,8 +4,8 @@ Why this module exists: :class:`kvpool.domain.admission.AdmissionController` is 
 gets ``now`` and returns verdicts). Something has to turn its ``Queue`` verdict into a
 future the request handler awaits, resolve those futures from the :class:`Wakeups` every
 mutator returns, call ``expire`` when the earliest queued deadline comes, and take a
-replica out of routing for a few seconds when it refuses connections. That is this class;
-it holds no policy of its own.
+replica out of routing while outlier ejection (:mod:`kvpool.gateway.ejection`) says so.
+That is this class; it holds no policy of its own.
 
 Time is the event loop's monotonic clock (``loop.time()``), passed to the controller.
 """
@@ -41,16 +41,14 @@ class PoolRuntime:
         pool: CompiledPool,
         tiers: Sequence[CompiledTier],
         metrics: GatewayMetrics,
-        replica_retry_seconds: float = 2.0,
     ) -> None:
         self.pool = pool
         self.controller = AdmissionController(pool, tiers)
         self.metrics = metrics
-        self.replica_retry_seconds = replica_retry_seconds
         self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at: float | None = None
-        self._down: dict[str, asyncio.TimerHandle] = {}
+        self._ejected: set[str] = set()  # replicas out of routing (outlier ejection)
 
     @staticmethod
     def now() -> float:
@@ -94,27 +92,26 @@ class PoolRuntime:
         """Adopt a new plan, keeping in-flight reservations."""
         self.pool = pool
         self._apply(self.controller.reconfigure(pool, tiers, self.now()))
+        for name in self._ejected:  # a new config does not bring an ejected replica back
+            self._apply(self.controller.set_replica_ready(name, False, self.now()))
 
-    def mark_replica_down(self, name: str) -> None:
-        """Route nothing to ``name`` for ``replica_retry_seconds`` (it refused a connection)."""
-        if name in self._down:
+    def set_borrowing_paused(self, paused: bool) -> None:
+        """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
+        self._apply(self.controller.set_borrowing_paused(paused, self.now()))
+
+    def set_lent_limit(self, tier: str, limit: int | None) -> None:
+        """Limit the requests of tiers below ``tier`` running on borrowed capacity."""
+        self._apply(self.controller.set_lent_limit(tier, limit, self.now()))
+
+    def set_replica_ejected(self, name: str, ejected: bool) -> None:
+        """Take a replica out of routing, or put it back if the config lists it ready
+        (outlier ejection decides when: :mod:`kvpool.gateway.ejection`)."""
+        if ejected:
+            self._ejected.add(name)
+            self._apply(self.controller.set_replica_ready(name, False, self.now()))
             return
-        log.warning(
-            "replica %s of pool %s unreachable; not routing to it for %.1fs",
-            name,
-            self.pool.name,
-            self.replica_retry_seconds,
-        )
-        self._apply(self.controller.set_replica_ready(name, False, self.now()))
-        loop = asyncio.get_running_loop()
-        self._down[name] = loop.call_later(self.replica_retry_seconds, self._replica_back, name)
-
-    def _replica_back(self, name: str) -> None:
-        self._down.pop(name, None)
-        ready = any(
-            e.ready and e.name == name for track in self.pool.tracks for e in track.endpoints
-        )
-        if ready:
+        self._ejected.discard(name)
+        if any(e.ready and e.name == name for t in self.pool.tracks for e in t.endpoints):
             self._apply(self.controller.set_replica_ready(name, True, self.now()))
 
     def close(self) -> None:
@@ -128,14 +125,11 @@ class PoolRuntime:
                         outcome="rejected-capacity",
                         reason=REASON_POOL_REMOVED,
                         message=f"model pool {self.pool.name!r} was removed from the config",
-                        http_status=503,
                         retry_after_seconds=1.0,
                     )
                 )
-        for handle in [self._expiry, *self._down.values()]:
-            if handle is not None:
-                handle.cancel()
-        self._down.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
         self._expiry = None
 
     def snapshot(self) -> AdmissionSnapshot:
