@@ -221,7 +221,11 @@ def _tight_tenant() -> list[dict[str, Any]]:
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "tenant-tight", "namespace": NAMESPACE},
+            "metadata": {
+                "name": "tenant-tight",
+                "namespace": NAMESPACE,
+                "labels": {"kvpool.dev/api-key": "true"},  # the operator reads only these
+            },
             "type": "Opaque",
             "stringData": {"api-key": TIGHT_KEY},
         },
