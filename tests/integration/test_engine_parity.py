@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import ConfigBuilder

@@ -61,7 +61,9 @@ class _Servers:
         gateway = Gateway(
             config.obj(),
             InMemoryBudgetStore(),
-            settings=GatewaySettings(max_body_bytes=MAX_BODY, access_log=False),
+            settings=GatewaySettings(
+                max_body_bytes=MAX_BODY, access_log=False, metrics_on_api_port=True
+            ),
         )
         runner = web.AppRunner(gateway.app(), handler_cancellation=True)
         await runner.setup()

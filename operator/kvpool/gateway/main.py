@@ -168,6 +168,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reload-interval", type=float, default=1.0, help="seconds between polls")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0)
     parser.add_argument("--no-access-log", action="store_true")
+    parser.add_argument(
+        "--no-learn-reservations",
+        action="store_true",
+        help="reserve every request's full output bound instead of its tier's learned p95",
+    )
+    parser.add_argument(
+        "--engine-poll-seconds",
+        type=float,
+        default=0.25,
+        help="seconds between polls of each replica's /metrics (0: never poll)",
+    )
+    parser.add_argument(
+        "--borrow-pause-usage",
+        type=float,
+        default=0.97,
+        help="measured engine KV usage (0-1) at which lending to lower tiers pauses",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -220,6 +237,9 @@ async def serve(args: argparse.Namespace) -> int:
         plan_share_percent=args.plan_share,
         body_timeout=args.body_timeout,
         metrics_on_api_port=args.metrics_on_api_port,
+        learn_reservations=not args.no_learn_reservations,
+        engine_poll_seconds=args.engine_poll_seconds,
+        borrow_pause_usage=args.borrow_pause_usage,
     )
     gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
     runner = GatewayRunner(

@@ -25,8 +25,9 @@ decision benchmark can drive it directly:
 7. (the handler proxies to the engine with the tier's engine ``priority``);
 8. :meth:`RequestPipeline.finish`, always: release the reservation, settle the budget with
    what the engine generated (``decide_settlement``: its usage; 0 if it never got the
-   request; the reservation if the request was cut short), then build one :class:`~kvpool.gateway.outcomes.Outcome` that the
-   metrics and the JSON access log both read.
+   request; the reservation if the request was cut short), then build one
+   :class:`~kvpool.gateway.outcomes.Outcome` that the metrics and the JSON access log
+   both read.
 """
 
 from __future__ import annotations

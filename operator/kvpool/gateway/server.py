@@ -3,9 +3,9 @@
 Why this module exists: it turns HTTP requests into calls of the request pipeline
 (:mod:`kvpool.gateway.pipeline`: authenticate, parse, classify, estimate, budget, admit,
 and the finish that releases, settles and records one ``Outcome``), proxies the admitted
-request to its engine (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority`` under first-token and
-idle timeouts (a replica that refuses, times out or fails its health probes is ejected
-from routing, :mod:`kvpool.gateway.ejection`),
+request to its engine (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``
+under first-token and idle timeouts (a replica that refuses, times out or fails its health
+probes is ejected from routing, :mod:`kvpool.gateway.ejection`),
 and answers every error in the OpenAI format (statuses from one table,
 :mod:`kvpool.gateway.outcomes`). Liveness, readiness and ``/v1/models`` are served here
 too; ``/metrics`` (tenant names and usage) on its own port (:meth:`Gateway.metrics_app`).
