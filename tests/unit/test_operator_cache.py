@@ -11,7 +11,7 @@ import pytest
 
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.cache import Cache, pod_view, secret_digests
-from kvpool.controller.reconcile import Coalescer
+from kvpool.controller.coalescer import Coalescer
 from kvpool.domain.compile import PodView
 from tests.operator_builders import standard_policy
 

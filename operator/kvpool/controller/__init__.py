@@ -1,5 +1,8 @@
 """The kvpool operator: kopf handlers that observe, plan (kvpool.domain), apply (adapters).
 
 See :mod:`kvpool.controller.main` for the ``kvpool operator`` command and
-:mod:`kvpool.controller.reconcile` for the per-pool reconcile.
+:mod:`kvpool.controller.context` for the state and queues the handlers share,
+:mod:`kvpool.controller.pool` for the per-pool reconcile, :mod:`kvpool.controller.publisher`
+for the namespace config and :mod:`kvpool.controller.side_statuses` for policy and budget
+statuses.
 """

@@ -2,9 +2,10 @@
 reconcile and when.
 
 Why it exists: kopf tells us that something changed; the work itself (observe, plan,
-apply, status) is in :mod:`kvpool.controller.reconcile`. Every trigger funnels into two
-coalescing queues - per pool and per namespace - so a burst of changes costs one
-reconcile, and two triggers never reconcile one pool concurrently.
+apply, status) is in :mod:`kvpool.controller.pool`, the config in
+:mod:`kvpool.controller.publisher`. Every trigger funnels into two coalescing queues - per
+pool and per namespace - so a burst of changes costs one reconcile, and two triggers
+never reconcile one pool concurrently.
 
 Re-plan triggers:
 
@@ -32,7 +33,8 @@ from typing import Any
 import kopf
 
 from kvpool.controller.cache import fill_cache, pod_view, secret_digests
-from kvpool.controller.reconcile import Operator, cleanup_pool
+from kvpool.controller.context import Operator
+from kvpool.controller.pool import cleanup_pool
 from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
 
 log = logging.getLogger(__name__)

@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
 
     from kvpool.adapters.kube import KubeClient, load_connection
     from kvpool.adapters.prometheus import SnapshotCache
+    from kvpool.controller.context import Operator
     from kvpool.controller.handlers import build_registry
     from kvpool.controller.metrics import OperatorMetrics
-    from kvpool.controller.reconcile import Operator
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

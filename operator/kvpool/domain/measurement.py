@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpool.api.modelpool import MeasuredCapacity
+from kvpool.api.modelpool import MeasuredCapacity, ModelPool, ModelPoolStatus
 from kvpool.domain import conditions as c
+from kvpool.domain.planner import PlanError, PoolPlan
 
 MetricsState = Literal["ok", "unreachable", "no-data", "disabled"]
 METRICS_OK: MetricsState = "ok"
@@ -169,3 +170,27 @@ def decide_warm_replicas(
     if metrics_vanished and not spec_changed and last_warm is not None:
         return max(planned, last_warm)
     return planned
+
+
+def decide_pool_warm_replicas(
+    pool: ModelPool,
+    plan: PoolPlan | PlanError,
+    prior: ModelPoolStatus | None,
+    metrics: MetricsState,
+) -> int:
+    """The warm replicas of a pool: the plan's (fail-static guarded, at most maxReplicas);
+    without a plan, keep what runs so the engines can be measured (at least minReplicas,
+    at least one).
+
+    Worked example: a plan for 2 replicas while Prometheus is down and 3 ran before, spec
+    unchanged -> 3 (a vanished metric is not evidence that capacity changed); a plan
+    error with nothing running before and ``minReplicas: 0`` -> 1.
+    """
+    capacity = pool.spec.capacity
+    last = prior.replicas.desired if prior is not None and prior.replicas is not None else None
+    if isinstance(plan, PlanError):
+        wanted = last if last else max(capacity.min_replicas, 1)
+        return min(wanted, capacity.max_replicas)
+    spec_changed = prior is None or prior.observed_generation != pool.metadata.generation
+    warm = decide_warm_replicas(plan.replicas, last, metrics, spec_changed)
+    return min(warm, capacity.max_replicas)

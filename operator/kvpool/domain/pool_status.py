@@ -193,6 +193,36 @@ def build_missing_policy_status(
     )
 
 
+def build_invalid_status(
+    prior: ModelPoolStatus | None, generation: int | None, message: str, now: str
+) -> ModelPoolStatus:
+    """The status of a pool whose spec cannot be used: ``Ready=False/InvalidSpec``, phase
+    ``Error``; everything else (the last plan included) is kept.
+
+    >>> s = build_invalid_status(None, 3, "spec does not parse: ...", "t0")
+    >>> (s.phase, s.observed_generation, s.conditions[0].reason)
+    ('Error', 3, 'InvalidSpec')
+    """
+    prior = prior or ModelPoolStatus()
+    conds = c.set_condition(
+        prior.conditions, c.READY, "False", c.INVALID_SPEC, message, generation, now
+    )
+    return prior.model_copy(
+        update={"observed_generation": generation, "phase": "Error", "conditions": conds}
+    )
+
+
+def keep_load_time(load: LoadStatus | None, prior: ModelPoolStatus | None) -> LoadStatus | None:
+    """Keep ``observedAt`` while the values are unchanged (no status write per tick)."""
+    if load is None or prior is None or prior.load is None:
+        return load
+    if load.model_copy(update={"observed_at": None}) == prior.load.model_copy(
+        update={"observed_at": None}
+    ):
+        return prior.load
+    return load
+
+
 def plan_events(
     prior: ModelPoolStatus | None, new: ModelPoolStatus, assessment: CapacityAssessment | None
 ) -> list[EventIntent]:

@@ -1,0 +1,175 @@
+"""Reconciling one ModelPool: observe -> plan -> apply children -> status (+ Events).
+
+Why it exists: this is the orchestration of one pool, kept short on purpose. Each step
+observes (Kubernetes, Prometheus; :mod:`.observe`), hands the observations to a pure
+decision in ``kvpool.domain``, applies the result through ``kvpool.adapters`` and records
+the outcome in ``status`` and Events:
+
+    observe pool + policy + metrics -> assess capacity -> plan -> decide warm replicas
+    -> apply Deployment, Service, PDB -> status (+ Events) -> request a config publish
+
+Fail-static: when Prometheus is unreachable or returns nothing, the last measurement is
+kept (so the plan is kept) and warm replicas never drop below the last count because
+metrics vanished. A missing TierPolicy touches no child object.
+
+Restart safety: child names are deterministic and creation falls back to patching on 409,
+so an operator killed mid-reconcile and restarted converges without duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from kvpool.adapters import kube
+from kvpool.api.modelpool import ModelPool, ModelPoolStatus
+from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller.clock import utc_now
+from kvpool.controller.observe import observe_metrics, observe_policy, prior_status, resource_of
+from kvpool.domain import conditions as c
+from kvpool.domain import manifests as m
+from kvpool.domain.compile import parse_static_endpoints
+from kvpool.domain.measurement import assess_capacity, decide_pool_warm_replicas
+from kvpool.domain.planner import PoolPlan, plan_pool
+from kvpool.domain.pool_status import (
+    PoolObservation,
+    build_invalid_status,
+    build_missing_policy_status,
+    build_pool_status,
+    keep_load_time,
+    plan_events,
+)
+from kvpool.domain.revision import revision_of
+
+if TYPE_CHECKING:
+    from kvpool.controller.context import Operator
+
+log = logging.getLogger(__name__)
+
+Body = Mapping[str, Any]
+
+
+async def reconcile_pool(op: Operator, namespace: str, name: str) -> None:
+    """observe -> plan -> apply -> status for one pool (see the module docstring)."""
+    started = time.monotonic()
+    key = (namespace, name)
+    try:
+        body = await op.kube.get(kube.MODELPOOLS, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            await cleanup_pool(op, namespace, name)
+            return
+        prior = prior_status(op, key, body)
+        try:
+            pool = ModelPool.model_validate(resource_of(body) | {"status": None})
+        except pydantic.ValidationError as exc:
+            message = f"spec does not parse: {str(exc).splitlines()[0]}"
+            generation = (body.get("metadata") or {}).get("generation")
+            await write_status(
+                op, body, prior, build_invalid_status(prior, generation, message, utc_now())
+            )
+            return
+        policy = await observe_policy(op, namespace, pool.spec.tier_policy_ref.name)
+        if policy is None:
+            status = build_missing_policy_status(
+                prior, pool.metadata.generation, pool.spec.tier_policy_ref.name, utc_now()
+            )
+            op.metrics.plans.labels(c.TIER_POLICY_NOT_FOUND).inc()
+            await write_status(op, body, prior, status)
+        else:
+            await _plan_and_apply(op, body, pool, policy, prior)
+        op.metrics.reconciles.labels("ok").inc()
+    except Exception:
+        op.metrics.reconciles.labels("error").inc()
+        op.metrics.errors.labels("reconcile").inc()
+        raise
+    finally:
+        op.metrics.reconcile_seconds.observe(time.monotonic() - started)
+    await op.publisher.request(namespace)
+
+
+async def _plan_and_apply(
+    op: Operator, body: Body, pool: ModelPool, policy: TierPolicy, prior: ModelPoolStatus | None
+) -> None:
+    namespace, name = pool.metadata.namespace or "default", pool.metadata.name
+    now, revision = utc_now(), revision_of(pool.spec)
+    metrics, metrics_message, readings, load = await observe_metrics(op, namespace, name, revision)
+    declared = pool.spec.capacity.kv_tokens_per_replica
+    previous = prior.capacity if prior is not None else None
+    assessment = assess_capacity(readings, metrics, previous, revision, declared, now)
+    plan = plan_pool(pool, policy, assessment.kv_tokens)
+    warm = decide_pool_warm_replicas(pool, plan, prior, metrics)
+    op.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
+    op.metrics.warm_replicas.labels(namespace, name).set(warm)
+
+    deployment = await _apply_children(op, pool, revision, warm)
+    static = pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS)
+    ready = (
+        len(parse_static_endpoints(static))
+        if static
+        else int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    )
+    observation = PoolObservation(
+        generation=pool.metadata.generation,
+        revision=revision,
+        assessment=assessment,
+        plan=plan,
+        warm_replicas=warm,
+        ready_replicas=ready,
+        metrics=metrics,
+        metrics_message=metrics_message,
+        load=keep_load_time(load, prior),
+        now=now,
+    )
+    status = build_pool_status(prior, observation, declared)
+    await write_status(op, body, prior, status, assessment)
+
+
+async def _apply_children(
+    op: Operator, pool: ModelPool, revision: str, warm: int
+) -> kube.JsonObject:
+    """Deployment, Service and PDB of the stable track; returns the Deployment."""
+    deployment, _ = await kube.apply_deployment(
+        op.kube, m.build_deployment(pool, revision, warm, "stable")
+    )
+    await _testing_pause(op)
+    await kube.apply_service(op.kube, m.build_service(pool, "stable"))
+    await _testing_pause(op)
+    await kube.apply_pdb(op.kube, m.build_pdb(pool, warm))
+    return deployment
+
+
+async def _testing_pause(op: Operator) -> None:
+    if op.config.apply_delay > 0:
+        await asyncio.sleep(op.config.apply_delay)
+
+
+async def write_status(
+    op: Operator,
+    body: Body,
+    prior: ModelPoolStatus | None,
+    status: ModelPoolStatus,
+    assessment: Any = None,
+) -> None:
+    """Patch ``status`` when it changed, remember it, and emit the Events it implies."""
+    meta = body["metadata"]
+    key = (meta.get("namespace") or "default", meta["name"])
+    if prior is None or prior.to_wire() != status.to_wire():
+        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], status.to_wire())
+        for event in plan_events(prior, status, assessment):
+            await kube.create_event(
+                op.kube, body, event.type, event.reason, event.message, utc_now()
+            )
+    op.statuses[key] = status  # only once written: a failed write is retried next time
+
+
+async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:
+    """Remove a deleted pool's children (ownerReferences do this in a real cluster)."""
+    deleted = await kube.delete_children(op.kube, namespace, name)
+    op.statuses.pop((namespace, name), None)
+    if deleted:
+        log.info("pool %s/%s deleted: removed %d children", namespace, name, deleted)
