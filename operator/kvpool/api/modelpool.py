@@ -473,6 +473,13 @@ class RolloutStatus(ApiModel):
     capacity_short_after_promotion: bool | None = Field(
         default=None, description="True when maxReplicas cannot cover the canary revision."
     )
+    canary_plan: PlanStatus | None = Field(
+        default=None,
+        description=(
+            "The canary track's own admission plan: its measured KV tokens per replica "
+            "and per-tier floors over the canary replicas."
+        ),
+    )
     gates: list[GateStatus] = Field(default_factory=list, description="Last gate verdicts.")
     consecutive_errors: int = Field(default=0, description="Analyses in a row without metrics.")
     handled_action: str | None = Field(
