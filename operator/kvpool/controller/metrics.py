@@ -51,6 +51,21 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.rollout_phase = Gauge(
+            "kvpool_rollout_phase",
+            "1 for the current rollout phase of a pool (Idle, Progressing, Paused, Promoted, "
+            "Aborted), 0 for the others.",
+            ["namespace", "pool", "phase"],
+            registry=r,
+        )
+        self.rollout_gate_value = Gauge(
+            "kvpool_rollout_gate_value",
+            "The last figure a rollout gate compared, per track (kvCapacity: KV tokens per "
+            "replica; ttftP95: seconds; preemptionsPerRequest).",
+            ["namespace", "pool", "gate", "track"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str) -> None:
         """Serve /metrics in a background thread."""
         start_http_server(port, addr=host, registry=self.registry)

@@ -6,6 +6,7 @@ decision in ``kvpool.domain``, applies the result through ``kvpool.adapters`` an
 the outcome in ``status`` and Events:
 
     observe pool + policy + metrics -> assess capacity -> plan -> decide warm replicas
+    -> rollout (controller/rollout.py: canary children, status.rollout)
     -> apply Deployment, Service, PDB -> status (+ Events) -> request a config publish
 
 Fail-static: when Prometheus is unreachable or returns nothing, the last measurement is
@@ -19,6 +20,7 @@ so an operator killed mid-reconcile and restarted converges without duplicates.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Mapping
@@ -31,6 +33,7 @@ from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.clock import utc_now
 from kvpool.controller.observe import observe_metrics, observe_policy, prior_status, resource_of
+from kvpool.controller.rollout import reconcile_rollout, scale_stable, stable_revision_of
 from kvpool.domain import conditions as c
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import parse_static_endpoints
@@ -45,6 +48,8 @@ from kvpool.domain.pool_status import (
     plan_events,
 )
 from kvpool.domain.revision import revision_of
+from kvpool.domain.rollout.machine import to_rfc3339
+from kvpool.domain.rollout.status import build_rollout_status
 
 if TYPE_CHECKING:
     from kvpool.controller.context import Operator
@@ -96,7 +101,10 @@ async def _plan_and_apply(
     op: Operator, body: Body, pool: ModelPool, policy: TierPolicy, prior: ModelPoolStatus | None
 ) -> None:
     namespace, name = pool.metadata.namespace or "default", pool.metadata.name
-    now, revision = utc_now(), revision_of(pool.spec)
+    moment = datetime.datetime.now(datetime.UTC)
+    now, spec_revision = to_rfc3339(moment), revision_of(pool.spec)
+    # capacity is planned on the revision stable runs (a canary is planned on its own)
+    revision = stable_revision_of(prior, spec_revision)
     metrics, metrics_message, readings, load = await observe_metrics(op, namespace, name, revision)
     declared = pool.spec.capacity.kv_tokens_per_replica
     previous = prior.capacity if prior is not None else None
@@ -106,7 +114,10 @@ async def _plan_and_apply(
     op.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
     op.metrics.warm_replicas.labels(namespace, name).set(warm)
 
-    deployment = await _apply_children(op, pool, revision, warm)
+    rollout = await reconcile_rollout(
+        op, pool, policy, prior, spec_revision, assessment.kv_tokens, warm, moment
+    )
+    deployment = await _apply_children(op, pool, spec_revision, warm, rollout.actions.pin_stable)
     static = pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS)
     ready = (
         len(parse_static_endpoints(static))
@@ -115,7 +126,7 @@ async def _plan_and_apply(
     )
     observation = PoolObservation(
         generation=pool.metadata.generation,
-        revision=revision,
+        revision=spec_revision,
         assessment=assessment,
         plan=plan,
         warm_replicas=warm,
@@ -126,16 +137,28 @@ async def _plan_and_apply(
         now=now,
     )
     status = build_pool_status(prior, observation, declared)
+    status = build_rollout_status(
+        status, rollout.status, rollout.canary_ready, pool.metadata.generation, now
+    )
     await write_status(op, body, prior, status, assessment)
+    for event in rollout.decision.events:
+        await kube.create_event(op.kube, body, event.type, event.reason, event.message, now)
 
 
 async def _apply_children(
-    op: Operator, pool: ModelPool, revision: str, warm: int
+    op: Operator, pool: ModelPool, revision: str, warm: int, pin: bool
 ) -> kube.JsonObject:
-    """Deployment, Service and PDB of the stable track; returns the Deployment."""
-    deployment, _ = await kube.apply_deployment(
-        op.kube, m.build_deployment(pool, revision, warm, "stable")
-    )
+    """Deployment, Service and PDB of the stable track; returns the Deployment.
+
+    While a rollout pins stable (``pin``), its Deployment is only scaled: the spec now
+    defines the canary's revision, and the stable template must stay as it is.
+    """
+    if pin:
+        deployment = await scale_stable(op, pool, warm)
+    else:
+        deployment, _ = await kube.apply_deployment(
+            op.kube, m.build_deployment(pool, revision, warm, "stable")
+        )
     await _testing_pause(op)
     await kube.apply_service(op.kube, m.build_service(pool, "stable"))
     await _testing_pause(op)

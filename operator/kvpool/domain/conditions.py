@@ -35,6 +35,7 @@ MODELPOOL_CONDITION_TYPES = (
     METRICS_UNAVAILABLE,
     DEGRADED,
 )
+PROGRESSING = "Progressing"  # a canary rollout; set by kvpool.domain.rollout.status
 
 # --- reasons ---------------------------------------------------------------------------------
 # Ready
@@ -64,6 +65,11 @@ METRICS_FRESH = "MetricsFresh"
 REPLICAS_DISAGREE = "ReplicasDisagree"  # replicas of one revision report different KV sizes
 PLAN_FAILED = "PlanFailed"  # no plan could be made (see the Ready message)
 AS_EXPECTED = "AsExpected"
+
+# Progressing (True: Rollout<Stage>, e.g. RolloutAnalyzing; False: the pause reason, or)
+NO_ROLLOUT = "NoRollout"
+ROLLOUT_ABORTED = "RolloutAborted"
+ROLLOUT_PROMOTED = "RolloutPromoted"
 
 # --- TenantBudget / TierPolicy ---------------------------------------------------------------
 KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type
