@@ -182,7 +182,11 @@ async def write_status(
     meta = body["metadata"]
     key = (meta.get("namespace") or "default", meta["name"])
     if prior is None or prior.to_wire() != status.to_wire():
-        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], status.to_wire())
+        wire = status.to_wire()
+        if status.rollout is not None:
+            # explicit nulls: a merge-patch removes a rollout field only when sent as null
+            wire["rollout"] = status.rollout.model_dump(by_alias=True, mode="json")
+        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], wire)
         for event in plan_events(prior, status, assessment):
             await kube.create_event(
                 op.kube, body, event.type, event.reason, event.message, utc_now()
