@@ -12,6 +12,8 @@ stable. (Gates against real engines and Prometheus: test_rollout_real_parts.py.)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,47 @@ def test_an_operator_killed_at_every_phase_keeps_one_canary_and_stable(
         assert rollout(kube_api)["handledAction"] == "resume@1"
     finally:
         op.stop()
+
+
+def kubectl_kvpool(kube: KubeApi, tmp_path: Path, *args: str) -> str:
+    """``kubectl kvpool ...`` through the real kubectl, finding the plugin on the PATH."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "KUBECONFIG": str(kube.kubeconfig),
+        "HOME": str(tmp_path),
+    }
+    done = subprocess.run(
+        ["kubectl", "kvpool", *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_kubectl_plugin_shows_and_drives_a_rollout(kube_api: KubeApi, tmp_path: Path) -> None:
+    with run_operator(kube_api, tmp_path):
+        given_a_local_pool(kube_api)
+        annotate(kube_api, **{"kvpool.dev/canary-static-endpoints": CANARY_URLS})
+        set_image(kube_api, NEW)
+        wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
+        shown = kubectl_kvpool(kube_api, tmp_path, "rollout", "status", "chat", "-n", "default")
+        assert "ModelPool chat: Progressing/Starting" in shown
+        assert "-> 1. weight 10% for 5m" in shown and "2. weight 50% for 10m" in shown
+
+        out = kubectl_kvpool(kube_api, tmp_path, "rollout", "pause", "chat")
+        assert "kvpool.dev/rollout=pause@" in out
+        wait_until(lambda: phase(kube_api) == ("Paused", "Starting", "ManualPause"))
+        shown = kubectl_kvpool(kube_api, tmp_path, "rollout", "status", "chat")
+        assert "paused because: ManualPause" in shown
+
+        kubectl_kvpool(kube_api, tmp_path, "rollout", "resume", "chat")
+        wait_until(lambda: phase(kube_api)[0] == "Progressing")
+        kubectl_kvpool(kube_api, tmp_path, "rollout", "abort", "chat")
+        wait_until(lambda: phase(kube_api) == ("Aborted", "Starting", "ManualAbort"))
+        kubectl_kvpool(kube_api, tmp_path, "rollout", "resume", "chat")
+        wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
+        assert kube_api.client.get(mp("chat"))["spec"]["engine"]["image"] == NEW  # spec kept
