@@ -205,12 +205,17 @@ class SnapshotCache:
         """The client (None when the operator runs without Prometheus)."""
         return self._prom
 
-    async def get(self) -> MetricsSnapshot | PrometheusUnavailable | None:
-        """The current snapshot (None when the operator runs without Prometheus)."""
+    async def get(
+        self, max_age: float | None = None
+    ) -> MetricsSnapshot | PrometheusUnavailable | None:
+        """The current snapshot (None when the operator runs without Prometheus);
+        ``max_age`` overrides the cache's own (a rollout waiting for a canary's first
+        measurement asks for one at most a second old)."""
         if self._prom is None:
             return None
+        limit = self.max_age if max_age is None else max_age
         async with self._lock:
-            if time.monotonic() - self._fetched >= self.max_age or self._value is None:
+            if time.monotonic() - self._fetched >= limit or self._value is None:
                 self._value = await asyncio.to_thread(fetch_snapshot, self._prom, self.timeout)
                 self._fetched = time.monotonic()
                 if isinstance(self._value, MetricsSnapshot):

@@ -23,6 +23,7 @@ Local mode (no pods: the API emulator, a laptop): the ModelPool annotation
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import math
@@ -48,6 +49,7 @@ from kvpool.domain.rollout.machine import (
     DRAINING,
     PROGRESSING,
     REPLACING,
+    STARTING,
     RolloutActions,
     RolloutDecision,
     RolloutObservation,
@@ -66,6 +68,8 @@ log = logging.getLogger(__name__)
 ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
 ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"
 PHASES = ("Idle", "Progressing", "Paused", "Promoted", "Aborted")
+WAITING_RECHECK_SECONDS = 2.0  # re-reconcile period while the KV gate waits for a canary
+_RECHECKS: set[tuple[str, str]] = set()  # pools with a recheck scheduled (this process)
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,8 @@ async def reconcile_rollout(
         else:
             canary_ready = _ready(await _canary_deployment(op, pool))
             unschedulable = canary_ready < before.canary_replicas and await _unschedulable(op, pool)
-    snapshot = await op.snapshots.get()
+    waiting = before is not None and before.phase == PROGRESSING and before.stage == STARTING
+    snapshot = await op.snapshots.get(max_age=WAITING_RECHECK_SECONDS / 2 if waiting else None)
     analysis, in_flight = await _analysis(op, pool, before, now)
     replacing = before is not None and before.phase == PROGRESSING and before.stage == REPLACING
     observation = RolloutObservation(
@@ -251,7 +256,32 @@ async def reconcile_rollout(
     await apply_canary(op, pool, spec_revision, decision.actions)
     _export(op, namespace, name, status)
     ready = canary_ready if decision.actions.canary_replicas > 0 else 0
+    if status.phase == PROGRESSING and status.stage == STARTING:
+        _recheck_soon(op, namespace, name)
     return RolloutOutcome(decision=decision, canary_ready=ready)
+
+
+def _recheck_soon(op: Operator, namespace: str, name: str) -> None:
+    """Reconcile again shortly while the KV gate waits for the canary's first measurement:
+    the KV verdict must not wait for the next --measure-interval tick."""
+    key = (namespace, name)
+    if key in _RECHECKS:
+        return
+
+    async def later() -> None:
+        try:
+            await asyncio.sleep(min(WAITING_RECHECK_SECONDS, op.config.measure_interval))
+        finally:
+            _RECHECKS.discard(key)
+        try:
+            await op.pools.request(key)
+        except Exception as exc:  # the next timer tick retries
+            log.warning("rollout recheck of %s/%s failed: %r", namespace, name, exc)
+
+    _RECHECKS.add(key)
+    task = asyncio.create_task(later())
+    op.background.add(task)
+    task.add_done_callback(op.background.discard)
 
 
 def _with_canary_plan(
