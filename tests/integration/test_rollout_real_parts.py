@@ -27,7 +27,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,23 @@ def send(gateway: str, host: str, count: int, parallel: int = 4) -> list[int]:
 
 
 @pytest.fixture
-def gateway(kube_api: KubeApi, tmp_path: Path) -> Iterator[str]:
-    """``kvpool gateway`` reading the operator's ConfigMap from the emulator."""
+def gateway(kube_api: KubeApi, tmp_path: Path) -> Iterator[Callable[[], str]]:
+    """Factory: ``kvpool gateway`` reading the operator's ConfigMap from the emulator (start
+    it once the operator wrote the ConfigMap); stopped after the test."""
+    processes: list[ManagedProcess] = []
+
+    def start() -> str:
+        url = _start_gateway(kube_api, tmp_path, processes)
+        return url
+
+    try:
+        yield start
+    finally:
+        for process in processes:
+            process.stop()
+
+
+def _start_gateway(kube_api: KubeApi, tmp_path: Path, processes: list[ManagedProcess]) -> str:
     port = free_port()
     argv = [
         str(Path(os.sys.executable)),
@@ -149,13 +164,11 @@ def gateway(kube_api: KubeApi, tmp_path: Path) -> Iterator[str]:
         "--no-access-log",
     ]
     process = ManagedProcess(argv, tmp_path / "gateway.log", dict(os.environ), REPO)
+    processes.append(process)
     process.start()
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _ok(f"{url}/readyz"), timeout=30)
-        yield url
-    finally:
-        process.stop()
+    wait_until(lambda: _ok(f"{url}/readyz"), timeout=30)
+    return url
 
 
 def _ok(url: str) -> bool:
@@ -177,7 +190,7 @@ def engines(vllm_engine_module: Any) -> dict[str, VllmEngine]:
 
 
 def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
-    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: str, tmp_path: Path
+    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
 ) -> None:
     stable, canary = engines["stable"], engines["half"]
     prom = PrometheusServer(tmp_path / "prom")
@@ -229,8 +242,9 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             assert rollout(kube_api)["canaryPlan"]["usableKvTokensPerReplica"] == 921
 
             # Batch traffic through the gateway never reaches the canary...
+            url = gateway()
             before = finished(canary)
-            assert set(send(gateway, "batch.local", 12)) == {200}
+            assert set(send(url, "batch.local", 12)) == {200}
             assert finished(canary) == before
 
             # ...also after a human resumes past the shortfall (interactive does reach it)
@@ -239,9 +253,9 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             assert admission_config(kube_api)["pools"][0]["canaryTiers"] == ["interactive"]
             time.sleep(2)  # the gateway polls the ConfigMap
             before = finished(canary)
-            assert set(send(gateway, "batch.local", 16)) == {200}
+            assert set(send(url, "batch.local", 16)) == {200}
             assert finished(canary) == before
-            assert set(send(gateway, "chat.local", 16)) == {200}
+            assert set(send(url, "chat.local", 16)) == {200}
             assert finished(canary) > before
 
             # When aborted through the plugin: stable-only routing again
@@ -250,7 +264,7 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             wait_until(lambda: tracks(kube_api)["canary"]["endpoints"] == [], timeout=30)
             time.sleep(2)
             before = finished(canary)
-            assert set(send(gateway, "chat.local", 12)) == {200}
+            assert set(send(url, "chat.local", 12)) == {200}
             assert finished(canary) == before
             assert (
                 kube_api.client.get(core("deployments", "chat-canary", api="apps/v1"))["spec"][
@@ -263,7 +277,7 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
 
 
 def test_a_healthy_canary_is_promoted_through_every_step(
-    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: str, tmp_path: Path
+    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
 ) -> None:
     stable, canary = engines["stable"], engines["equal"]
     prom = PrometheusServer(tmp_path / "prom")
@@ -296,6 +310,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             prom.set_targets(
                 {"vllm": [scrape(stable, first, "chat-stable-0"), scrape(canary, new, "c-0")]}
             )
+            url = gateway()
             seen_steps: set[int] = set()
             deadline = time.monotonic() + 150
             # interactive traffic keeps both tracks measured until promotion
@@ -303,7 +318,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(
                 assert phase(kube_api)[0] == "Progressing", rollout(kube_api)
                 if phase(kube_api)[1] == "Analyzing":
                     seen_steps.add(rollout(kube_api)["step"])
-                send(gateway, "chat.local", 8)
+                send(url, "chat.local", 8)
             assert seen_steps == {0, 1}, rollout(kube_api)
             wait_until(lambda: phase(kube_api)[0] == "Promoted", timeout=90)
             assert rollout(kube_api)["stableRevision"] == new
