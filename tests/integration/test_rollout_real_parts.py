@@ -181,11 +181,13 @@ def _ok(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def engines(vllm_engine_module: Any) -> dict[str, VllmEngine]:
-    """Three engines started one after another: stable 2 MiB, a 1 MiB and a 2 MiB canary."""
+    """Engines started one after another: stable 2 MiB; canaries of 1 MiB, of 2 MiB, and of
+    2 MiB with --max-num-seqs 1 (same KV, slower under concurrent load)."""
     return {
         "stable": vllm_engine_module(kv_cache_memory_bytes=2 * 2**20, block_size=32),
         "half": vllm_engine_module(kv_cache_memory_bytes=2**20, block_size=32),
         "equal": vllm_engine_module(kv_cache_memory_bytes=2 * 2**20, block_size=32),
+        "slow": vllm_engine_module(kv_cache_memory_bytes=2 * 2**20, block_size=32, max_num_seqs=1),
     }
 
 
@@ -327,6 +329,64 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
             assert dep["metadata"]["labels"]["kvpool.dev/revision"] == new
             wait_until(lambda: set(tracks(kube_api)) == {"stable"})
+    finally:
+        prom.stop()
+
+
+def test_a_slower_canary_fails_the_ttft_gate_and_is_aborted(
+    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
+) -> None:
+    stable, canary = engines["stable"], engines["slow"]
+    prom = PrometheusServer(tmp_path / "prom")
+    prom.start()
+    try:
+        with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="2s"):
+            rollout_spec = {
+                "steps": [{"weight": 50, "pause": "10m"}],
+                "gates": {"minSamples": 8, "maxTTFTP95Ratio": 1.5},
+                "onFailure": "Abort",
+                "analysisInterval": "3s",
+            }
+            given_policy_tenant_and_pool(kube_api, stable.base_url, rollout_spec)
+            first = wait_until(lambda: status(kube_api).get("revision"))
+            prom.set_targets({"vllm": [scrape(stable, first, "chat-stable-0")]})
+            wait_until(
+                lambda: status(kube_api)["capacity"]["kvTokensPerReplica"] == 2048, timeout=60
+            )
+            # When the canary (same KV, one sequence at a time) takes half the interactive load
+            kube_api.client.patch(
+                mp("chat"),
+                {
+                    "metadata": {
+                        "annotations": {"kvpool.dev/canary-static-endpoints": canary.base_url}
+                    },
+                    "spec": {"engine": {"args": ["--max-num-seqs=1"]}},
+                },
+            )
+            new = wait_until(lambda: rollout(kube_api).get("canaryRevision"))
+            prom.set_targets(
+                {"vllm": [scrape(stable, first, "chat-stable-0"), scrape(canary, new, "c-0")]}
+            )
+            wait_until(lambda: phase(kube_api) == ("Progressing", "Analyzing", None), timeout=30)
+            url = gateway()
+            deadline = time.monotonic() + 120
+            while phase(kube_api)[0] == "Progressing" and time.monotonic() < deadline:
+                send(url, "chat.local", 16, parallel=8)
+            # Then the TTFT gate fails with enough samples on both tracks, and it aborts
+            assert phase(kube_api) == ("Aborted", "Analyzing", "TTFTRegressed"), rollout(kube_api)
+            ttft = next(g for g in rollout(kube_api)["gates"] if g["gate"] == "ttftP95")
+            assert ttft["verdict"] == "Failed" and ttft["ratio"] > 1.5
+            assert ttft["stableSamples"] >= 8 and ttft["canarySamples"] >= 8
+            assert ttft["canary"] > ttft["stable"]
+            wait_until(
+                lambda: (
+                    kube_api.client.get(core("deployments", "chat-canary", api="apps/v1"))["spec"][
+                        "replicas"
+                    ]
+                    == 0
+                )
+            )
+            wait_until(lambda: tracks(kube_api)["canary"]["weight"] == 0)
     finally:
         prom.stop()
 
