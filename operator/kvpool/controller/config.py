@@ -26,3 +26,4 @@ class OperatorConfig:
     standalone: bool = False  # no peering at all
     priority: int = 0  # kopf peering priority of this replica
     apply_delay: float = 0.0  # testing only: pause between child writes (restart tests)
+    rollout_recheck: float = 2.0  # re-reconcile period while the KV gate waits (0: ticks only)

@@ -72,6 +72,7 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
         standalone=args.standalone,
         priority=args.priority,
         apply_delay=float(os.environ.get("KVPOOL_TESTING_APPLY_DELAY", "0")),
+        rollout_recheck=float(os.environ.get("KVPOOL_ROLLOUT_RECHECK_SECONDS", "2")),
     )
 
 

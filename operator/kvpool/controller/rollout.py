@@ -68,7 +68,6 @@ log = logging.getLogger(__name__)
 ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
 ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"
 PHASES = ("Idle", "Progressing", "Paused", "Promoted", "Aborted")
-WAITING_RECHECK_SECONDS = 2.0  # re-reconcile period while the KV gate waits for a canary
 _RECHECKS: set[tuple[str, str]] = set()  # pools with a recheck scheduled (this process)
 
 
@@ -233,8 +232,9 @@ async def reconcile_rollout(
         else:
             canary_ready = _ready(await _canary_deployment(op, pool))
             unschedulable = canary_ready < before.canary_replicas and await _unschedulable(op, pool)
+    recheck = op.config.rollout_recheck
     waiting = before is not None and before.phase == PROGRESSING and before.stage == STARTING
-    snapshot = await op.snapshots.get(max_age=WAITING_RECHECK_SECONDS / 2 if waiting else None)
+    snapshot = await op.snapshots.get(max_age=recheck / 2 if waiting and recheck > 0 else None)
     analysis, in_flight = await _analysis(op, pool, before, now)
     replacing = before is not None and before.phase == PROGRESSING and before.stage == REPLACING
     observation = RolloutObservation(
@@ -256,12 +256,12 @@ async def reconcile_rollout(
     await apply_canary(op, pool, spec_revision, decision.actions)
     _export(op, namespace, name, status)
     ready = canary_ready if decision.actions.canary_replicas > 0 else 0
-    if status.phase == PROGRESSING and status.stage == STARTING:
-        _recheck_soon(op, namespace, name)
+    if status.phase == PROGRESSING and status.stage == STARTING and recheck > 0:
+        _recheck_soon(op, namespace, name, recheck)
     return RolloutOutcome(decision=decision, canary_ready=ready)
 
 
-def _recheck_soon(op: Operator, namespace: str, name: str) -> None:
+def _recheck_soon(op: Operator, namespace: str, name: str, seconds: float) -> None:
     """Reconcile again shortly while the KV gate waits for the canary's first measurement:
     the KV verdict must not wait for the next --measure-interval tick."""
     key = (namespace, name)
@@ -270,7 +270,7 @@ def _recheck_soon(op: Operator, namespace: str, name: str) -> None:
 
     async def later() -> None:
         try:
-            await asyncio.sleep(min(WAITING_RECHECK_SECONDS, op.config.measure_interval))
+            await asyncio.sleep(min(seconds, op.config.measure_interval))
         finally:
             _RECHECKS.discard(key)
         try:
