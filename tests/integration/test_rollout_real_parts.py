@@ -79,7 +79,8 @@ def given_policy_tenant_and_pool(kube: KubeApi, stable_url: str, rollout: dict[s
 
 def scrape(engine: VllmEngine, revision: str, pod: str) -> ScrapeTarget:
     labels = {"namespace": "default", "kvpool_pool": "chat", "kvpool_revision": revision}
-    return ScrapeTarget(engine.target, {**labels, "pod": pod})
+    track = "stable" if pod.startswith("chat-stable") else "canary"
+    return ScrapeTarget(engine.target, {**labels, "pod": pod, "kvpool_track": track})
 
 
 def finished(engine: VllmEngine) -> float:
@@ -324,7 +325,9 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             assert seen_steps == {0, 1}, rollout(kube_api)
             wait_until(lambda: phase(kube_api)[0] == "Promoted", timeout=90)
             assert rollout(kube_api)["stableRevision"] == new
-            assert any("drained" in m for m in _event_messages(kube_api))
+            messages = _event_messages(kube_api)
+            assert any("drained: replacing" in m for m in messages), messages
+            assert any("draining the canary" in m for m in messages), messages
             wait_until(lambda: names(kube_api, "deployments", "apps/v1") == ["chat-stable"])
             dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
             assert dep["metadata"]["labels"]["kvpool.dev/revision"] == new

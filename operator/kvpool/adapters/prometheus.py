@@ -47,6 +47,7 @@ LABEL_NAMESPACE = "namespace"
 LABEL_POOL = "kvpool_pool"
 LABEL_REVISION = "kvpool_revision"
 LABEL_REPLICA = "pod"
+LABEL_TRACK = "kvpool_track"
 
 _BY = f"{LABEL_NAMESPACE}, {LABEL_POOL}"
 _SEL = f'{{{LABEL_POOL}!=""}}'
@@ -309,6 +310,22 @@ def fetch_track_windows(
     return result
 
 
+def fetch_track_in_flight(
+    prom: PrometheusConnect, namespace: str, pool: str, track: str, timeout: float = 5.0
+) -> float | PrometheusUnavailable | None:
+    """Requests running + waiting on a track's engines (``kvpool_track`` label); None when
+    no engine of the track reports (blocking; run it in a thread)."""
+    sel = f'{{{LABEL_NAMESPACE}="{namespace}",{LABEL_POOL}="{pool}",{LABEL_TRACK}="{track}"}}'
+    total: float | None = None
+    try:
+        for metric in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            for item in prom.custom_query(f"sum({metric}{sel})", timeout=timeout):
+                total = (total or 0.0) + float(item["value"][1])
+    except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
+        return PrometheusUnavailable(f"Prometheus at {prom.url} unreachable: {exc}"[:500])
+    return total
+
+
 async def fetch_track_windows_async(
     cache: SnapshotCache,
     namespace: str,
@@ -321,4 +338,15 @@ async def fetch_track_windows_async(
         return None
     return await asyncio.to_thread(
         fetch_track_windows, cache.prom, namespace, pool, revisions, window_seconds, cache.timeout
+    )
+
+
+async def fetch_track_in_flight_async(
+    cache: SnapshotCache, namespace: str, pool: str, track: str
+) -> float | PrometheusUnavailable | None:
+    """:func:`fetch_track_in_flight` through the cache's client (None: no Prometheus)."""
+    if cache.prom is None:
+        return None
+    return await asyncio.to_thread(
+        fetch_track_in_flight, cache.prom, namespace, pool, track, cache.timeout
     )

@@ -321,7 +321,8 @@ class RolloutSpec(ApiModel):
         default="2m",
         description=(
             "At promotion, how long to wait for the old stable engines to finish their "
-            "requests (running + waiting = 0) before they are replaced."
+            "requests (running + waiting = 0) before they are replaced, and then for the "
+            "canary's before it is deleted."
         ),
     )
 
@@ -420,7 +421,9 @@ class LoadStatus(ApiModel):
 
 
 RolloutPhase = Literal["Idle", "Progressing", "Paused", "Promoted", "Aborted"]
-RolloutStage = Literal["Starting", "Analyzing", "Promoting", "Draining", "ReplacingStable"]
+RolloutStage = Literal[
+    "Starting", "Analyzing", "Promoting", "Draining", "ReplacingStable", "DrainingCanary"
+]
 
 
 class GateStatus(ApiModel):
@@ -455,7 +458,7 @@ class RolloutStatus(ApiModel):
         description=(
             "While Progressing: Starting (waiting for a measured canary and the KV gate), "
             "Analyzing (steps), Promoting, Draining (old stable finishing requests), "
-            "ReplacingStable."
+            "ReplacingStable, DrainingCanary (canary finishing requests)."
         ),
     )
     reason: str | None = Field(default=None, description="Why paused or aborted.")

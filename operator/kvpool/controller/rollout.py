@@ -36,6 +36,7 @@ from kvpool.adapters.prometheus import (
     MetricsSnapshot,
     PrometheusUnavailable,
     TrackWindow,
+    fetch_track_in_flight_async,
     fetch_track_windows_async,
 )
 from kvpool.api.admission_config import Endpoint
@@ -47,6 +48,7 @@ from kvpool.domain.rollout.gates import TrackSample
 from kvpool.domain.rollout.machine import (
     ANALYZING,
     DRAINING,
+    DRAINING_CANARY,
     PROGRESSING,
     REPLACING,
     STARTING,
@@ -185,9 +187,19 @@ async def _analysis(
     in_flight = None
     if stable is not None and stable.in_flight is not None:
         in_flight = int(stable.in_flight)
-    elif prior.stage == DRAINING:
-        in_flight = 0 if stable is None else None  # no series: nothing runs on stable
     return build_window_analysis(stable, canary), in_flight
+
+
+async def _canary_in_flight(
+    op: Operator, pool: ModelPool, prior: RolloutStatus | None
+) -> int | None:
+    """Requests still on the canary track while it drains (None: unknown)."""
+    if prior is None or prior.phase != PROGRESSING or prior.stage != DRAINING_CANARY:
+        return None
+    value = await fetch_track_in_flight_async(
+        op.snapshots, pool.metadata.namespace or "default", pool.metadata.name, "canary"
+    )
+    return int(value) if isinstance(value, float) else None
 
 
 async def _stable_updated(op: Operator, pool: ModelPool, revision: str, warm: int) -> bool:
@@ -249,6 +261,7 @@ async def reconcile_rollout(
         stable_updated=replacing and await _stable_updated(op, pool, spec_revision, warm),
         action=pool.metadata.annotations.get(ANNOTATION_ROLLOUT),
         now=now,
+        canary_in_flight=await _canary_in_flight(op, pool, before),
     )
     decision = decide_rollout(pool.spec.rollout, before, observation)
     status = _with_canary_plan(decision.status, pool, policy, decision.actions, observation)

@@ -20,6 +20,8 @@ Phases and stages::
       Promoting  canary at the full warm count, weight 100, every tier
       Draining   old stable gets nothing; wait until it runs nothing (or drainTimeout)
       ReplacingStable  the stable Deployment gets the new revision; when it is ready ->
+      DrainingCanary   stable takes all traffic; the canary finishes its requests (or
+                       drainTimeout) ->
     Promoted (canary removed; the new revision is stable)
 
     Paused  (KVCapacityShrunk, TTFTRegressed, PreemptionsRegressed, Inconclusive,
@@ -72,12 +74,13 @@ IDLE, PROGRESSING, PAUSED, PROMOTED, ABORTED = (
     "Promoted",
     "Aborted",
 )
-STARTING, ANALYZING, PROMOTING, DRAINING, REPLACING = (
+STARTING, ANALYZING, PROMOTING, DRAINING, REPLACING, DRAINING_CANARY = (
     "Starting",
     "Analyzing",
     "Promoting",
     "Draining",
     "ReplacingStable",
+    "DrainingCanary",
 )
 CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
 MANUAL_PAUSE = "ManualPause"
@@ -129,6 +132,7 @@ class RolloutObservation:
     stable_updated: bool  # the stable Deployment runs `revision` and is ready
     action: str | None  # the kvpool.dev/rollout annotation (None when absent)
     now: datetime.datetime  # this reconcile's time (UTC)
+    canary_in_flight: int | None = None  # running + waiting on the canary track (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,9 @@ def actions_of(spec: RolloutSpec, status: RolloutStatus, warm: int) -> RolloutAc
         return RolloutActions(None, 0, 0, False, pin_stable=False)
     if status.phase == ABORTED:
         return RolloutActions(status.canary_revision, 0, 0, False, pin_stable=True)
+    if status.phase == PROGRESSING and status.stage == DRAINING_CANARY:
+        # the new stable serves everything; the canary finishes what it runs, then goes
+        return RolloutActions(status.canary_revision, max(warm, 1), 0, False, pin_stable=False)
     promoting = status.phase == PROGRESSING and status.stage in (PROMOTING, DRAINING, REPLACING)
     if promoting:
         return RolloutActions(
@@ -486,6 +493,20 @@ def _progress(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
             )
             b.event("Normal", EVENT_PROMOTING, b.status.message or "")
     elif b.status.stage == REPLACING and obs.stable_updated:
+        b.update(
+            stage=DRAINING_CANARY,
+            weight=0,
+            drain_started_at=b.stamp,
+            message=(
+                f"stable runs {st.canary_revision} and takes all traffic: draining the canary"
+            ),
+        )
+        b.event("Normal", EVENT_PROMOTING, b.status.message or "")
+    elif b.status.stage == DRAINING_CANARY and (
+        obs.canary_in_flight == 0
+        or (_elapsed(b.status.drain_started_at, obs.now) or 0.0)
+        >= parse_duration(spec.drain_timeout)
+    ):
         b.phase(
             PROMOTED,
             None,
