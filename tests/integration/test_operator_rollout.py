@@ -226,3 +226,49 @@ def test_the_kubectl_plugin_shows_and_drives_a_rollout(kube_api: KubeApi, tmp_pa
         kubectl_kvpool(kube_api, tmp_path, "rollout", "resume", "chat")
         wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
         assert kube_api.client.get(mp("chat"))["spec"]["engine"]["image"] == NEW  # spec kept
+
+
+def test_an_unschedulable_canary_pauses_instead_of_stalling(
+    kube_api: KubeApi, tmp_path: Path
+) -> None:
+    with run_operator(kube_api, tmp_path):
+        # Given a pool in cluster mode (no static endpoints) with a short unschedulableTimeout
+        given_policy_tenant_and_pool(kube_api)
+        kube_api.client.patch(mp("chat"), {"spec": {"rollout": {"unschedulableTimeout": "3s"}}})
+        wait_until(lambda: rollout(kube_api).get("phase") == "Idle")
+        set_image(kube_api, NEW)
+        wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
+        # When the canary's pod stays Pending: no node has room for it
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "chat-canary-abc",
+                "namespace": "default",
+                "labels": {"kvpool.dev/pool": "chat", "kvpool.dev/track": "canary"},
+            },
+            "spec": {"containers": [{"name": "engine", "image": NEW}]},
+        }
+        kube_api.client.create(core("pods"), pod)
+        kube_api.client.patch(
+            core("pods", "chat-canary-abc") + "/status",
+            {
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                        }
+                    ],
+                }
+            },
+        )
+        # Then the rollout pauses with CanaryUnschedulable after the timeout (no silent stall)
+        wait_until(lambda: phase(kube_api) == ("Paused", "Starting", "CanaryUnschedulable"))
+        assert "unschedulable" in rollout(kube_api)["message"]
+        assert "RolloutPaused" in events(kube_api)
+        cond = next(c for c in status(kube_api)["conditions"] if c["type"] == "Progressing")
+        assert (cond["status"], cond["reason"]) == ("False", "CanaryUnschedulable")
