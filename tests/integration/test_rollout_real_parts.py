@@ -199,7 +199,7 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
     prom = PrometheusServer(tmp_path / "prom")
     prom.start()
     try:
-        with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="15s"):
+        with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="15s") as op:
             # Given a pool measured on its stable engine (2,048 tokens)
             rollout_spec = {"steps": [{"weight": 50, "pause": "10m"}], "canaryTiers": []}
             given_policy_tenant_and_pool(kube_api, stable.base_url, rollout_spec)
@@ -243,6 +243,16 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             )
             assert tracks(kube_api)["canary"]["weight"] == 0
             assert rollout(kube_api)["canaryPlan"]["usableKvTokensPerReplica"] == 921
+            metrics = op.metrics()
+            for track, value in (("stable", 2048), ("canary", 1024)):
+                series = (
+                    f'kvpool_rollout_gate_value{{gate="kvCapacity",namespace="default",'
+                    f'pool="chat",track="{track}"}} {value:.1f}'
+                )
+                assert series in metrics
+            assert 'kvpool_rollout_phase{namespace="default",phase="Paused",pool="chat"} 1.0' in (
+                metrics
+            )
 
             # Batch traffic through the gateway never reaches the canary...
             url = gateway()
