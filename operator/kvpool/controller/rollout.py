@@ -54,6 +54,7 @@ from kvpool.domain.rollout.machine import (
     STARTING,
     RolloutActions,
     RolloutDecision,
+    RolloutEvent,
     RolloutObservation,
     WindowAnalysis,
     actions_of,
@@ -265,7 +266,18 @@ async def reconcile_rollout(
     )
     decision = decide_rollout(pool.spec.rollout, before, observation)
     status = _with_canary_plan(decision.status, pool, policy, decision.actions, observation)
-    decision = RolloutDecision(status, decision.actions, decision.events)
+    events = decision.events
+    was_short = before is not None and before.capacity_short_after_promotion
+    if status.capacity_short_after_promotion and not was_short:
+        events += (
+            RolloutEvent(
+                "Warning",
+                "CapacityShortAfterPromotion",
+                f"promoting {status.canary_revision} leaves the pool capacity short: "
+                + "; ".join(status.canary_plan.warnings if status.canary_plan else []),
+            ),
+        )
+    decision = RolloutDecision(status, decision.actions, events)
     await apply_canary(op, pool, spec_revision, decision.actions)
     _export(op, namespace, name, status)
     ready = canary_ready if decision.actions.canary_replicas > 0 else 0

@@ -446,6 +446,13 @@ def _progress(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
     elif st.canary_unschedulable_since is not None:
         b.update(canary_unschedulable_since=None)
 
+    if st.stage == STARTING and obs.canary_ready > 0 and obs.canary_kv is None:
+        b.update(
+            message=(
+                f"canary {st.canary_revision} ready; waiting for its KV measurement "
+                "(vllm:cache_config_info in Prometheus) before it gets any traffic"
+            )
+        )
     if st.stage in (STARTING, ANALYZING) and obs.canary_ready > 0 and obs.canary_kv is not None:
         verdict = assess_kv_capacity(obs.stable_kv, obs.canary_kv, spec.gates.min_kv_capacity_ratio)
         accepted = st.stage == ANALYZING and st.reason is None and _kv_accepted(st)
