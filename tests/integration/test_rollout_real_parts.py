@@ -296,7 +296,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(
     prom = PrometheusServer(tmp_path / "prom")
     prom.start()
     try:
-        with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="2s"):
+        with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="2s") as op:
             rollout_spec = {
                 "steps": [{"weight": 30, "pause": "8s"}, {"weight": 60, "pause": "8s"}],
                 "gates": {"minSamples": 5, "maxTTFTP95Ratio": 5.0},
@@ -325,14 +325,25 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             )
             url = gateway()
             seen_steps: set[int] = set()
+            killed_at: dict[str, Any] | None = None
             deadline = time.monotonic() + 150
             # interactive traffic keeps both tracks measured until promotion
             while phase(kube_api)[1] in ("Starting", "Analyzing") and time.monotonic() < deadline:
                 assert phase(kube_api)[0] == "Progressing", rollout(kube_api)
                 if phase(kube_api)[1] == "Analyzing":
                     seen_steps.add(rollout(kube_api)["step"])
+                    if killed_at is None:
+                        # the operator is killed mid-step and restarted: it resumes from status
+                        killed_at = rollout(kube_api)
+                        op.restart(kill=True)
+                        assert rollout(kube_api)["step"] == killed_at["step"]
+                        assert names(kube_api, "deployments", "apps/v1") == [
+                            "chat-canary",
+                            "chat-stable",
+                        ]
                 send(url, "chat.local", 8)
             assert seen_steps == {0, 1}, rollout(kube_api)
+            assert killed_at is not None and killed_at["step"] == 0
             wait_until(lambda: phase(kube_api)[0] == "Promoted", timeout=90)
             assert rollout(kube_api)["stableRevision"] == new
             messages = _event_messages(kube_api)
