@@ -298,7 +298,8 @@ def test_a_healthy_canary_is_promoted_through_every_step(
     try:
         with run_operator(kube_api, tmp_path, prometheus_url=prom.url, interval="2s") as op:
             rollout_spec = {
-                "steps": [{"weight": 30, "pause": "8s"}, {"weight": 60, "pause": "8s"}],
+                # long enough for minSamples on the canary at 30% even with the restart below
+                "steps": [{"weight": 30, "pause": "20s"}, {"weight": 60, "pause": "15s"}],
                 "gates": {"minSamples": 5, "maxTTFTP95Ratio": 5.0},
                 "analysisInterval": "2s",
                 "drainTimeout": "60s",
@@ -329,7 +330,8 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             deadline = time.monotonic() + 150
             # interactive traffic keeps both tracks measured until promotion
             while phase(kube_api)[1] in ("Starting", "Analyzing") and time.monotonic() < deadline:
-                assert phase(kube_api)[0] == "Progressing", rollout(kube_api)
+                current = rollout(kube_api)
+                assert current["phase"] == "Progressing", (current.get("reason"), current)
                 if phase(kube_api)[1] == "Analyzing":
                     seen_steps.add(rollout(kube_api)["step"])
                     if killed_at is None:
