@@ -52,7 +52,7 @@ from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, redis_binary
 
 from benchkit import machine_info, write_results
-from kvpool.adapters.budget_store import BudgetStore, InMemoryBudgetStore, RedisBudgetStore
+from kvpool.adapters.budget import BudgetStore, InMemoryBudgetStore, RedisBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
 
 T = TypeVar("T")

@@ -35,6 +35,12 @@ interactive p95 TTFT within 1.5x of ``alone``, while batch keeps at least its fl
 
     .venv/bin/python bench/protection.py            # full: 80 s a scenario in 4 rounds (~8 min)
     .venv/bin/python bench/protection.py --quick    # smoke: 16 s a scenario, 2 rounds (~3 min)
+    .venv/bin/python bench/protection.py --tiers three [--quick]   # issue 8's three tiers
+
+``--tiers three`` runs the three-tier scenario of issue 8 against engine priority-only
+(bench/protection_tiers.py: examples' TierPolicy, Poisson chat, a 12-worker batch flood,
+3 eval workers, a ``ttftP95Target`` sweep), writes bench/results/protection_tiers.json
+and, with matplotlib installed, bench/results/protection.png.
 
 Needs the vLLM venv (scripts/ensure-vllm.sh). Starts the two engines one after the other,
 only on loopback; every loop is bounded in count and time; everything started is stopped.
@@ -66,8 +72,11 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
 from benchkit import machine_info, write_results
+from protection_tiers import EXAMPLE_TTFT_TARGET, compare, draw, run_three_tiers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
+TIERS_RESULTS = Path(__file__).resolve().parent / "results" / "protection_tiers.json"
+PLOT = Path(__file__).resolve().parent / "results" / "protection.png"
 REPO = Path(__file__).resolve().parent.parent
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 16
@@ -305,7 +314,7 @@ async def run_round(
     ) as session:
         await wait_idle(session, engine, 30)
         before = metric_sums(await fetch_text(session, engine.metrics_url))
-        gw_before = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+        gw_before = await fetch_text(session, gateway.metrics_url) if gateway else ""
         started = time.monotonic()
         stop_at = started + seconds
         jobs: list[Awaitable[None]] = []
@@ -328,7 +337,7 @@ async def run_round(
         tally.seconds += time.monotonic() - started
         await wait_idle(session, engine, 30)
         after = metric_sums(await fetch_text(session, engine.metrics_url))
-        gw_after = await fetch_text(session, f"{gateway.url}/metrics") if gateway else ""
+        gw_after = await fetch_text(session, gateway.metrics_url) if gateway else ""
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -479,7 +488,16 @@ def main() -> int:
         default=(os.cpu_count() or 1) >= 2,
         help="engines on core 0, load generator and gateway on core 1 (default on >= 2 cores)",
     )
+    parser.add_argument("--tiers", choices=("two", "three"), default="two")
+    parser.add_argument("--eval-workers", type=int, default=3, help="three tiers: eval workers")
+    parser.add_argument(
+        "--ttft-sweep",
+        default="50,150,none",
+        help="three tiers: interactive ttftP95Target values (ms, or none) besides the example's",
+    )
     args = parser.parse_args()
+    if args.tiers == "three":
+        return main_three(args)
     if args.duration is None:
         args.duration = 16.0 if args.quick else 80.0
     if args.rounds is None:
@@ -551,6 +569,71 @@ def main() -> int:
         f"{'met' if comparison['batch_floor_met'] else 'MISSED'})"
     )
     print(f"wrote {write_results(RESULTS, result)}")
+    return 0
+
+
+def main_three(args: argparse.Namespace) -> int:
+    """Issue 8's three tiers: kvpool against engine priority-only, and the TTFT sweep."""
+    if args.duration is None:
+        args.duration = 20.0 if args.quick else 30.0
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.batch_workers == 8:  # the two-tier default: the issue's flood has 12
+        args.batch_workers = 12
+    sweep: list[float | None] = []
+    for raw in args.ttft_sweep.split(","):
+        value = raw.strip().lower()
+        target = None if value == "none" else float(value) / 1000
+        if value and target != EXAMPLE_TTFT_TARGET:
+            sweep.append(target)
+    args.ttft_sweep = sweep
+    load_before = os.getloadavg()
+    workdir = Path(tempfile.mkdtemp(prefix="kvpool-protection3-"))
+    try:
+        scenarios = asyncio.run(run_three_tiers(args, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    comparison = compare(scenarios)
+    result = {
+        "benchmark": "protection_tiers",
+        "quick": args.quick,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(load_before),
+        "load_after": [round(v, 2) for v in os.getloadavg()],
+        "params": {
+            "duration_s": args.duration,
+            "chat_rate_per_s": args.rate,
+            "batch_workers": args.batch_workers,
+            "eval_workers": args.eval_workers,
+            "kv_tokens": 2048,
+            "max_num_seqs": 8,
+            "seed": args.seed,
+            "rounds": args.rounds,
+            "pinned": args.pin,
+        },
+        "scenarios": scenarios,
+        "comparison": comparison,
+    }
+    cols = (
+        ("chat p50", "chat_ttft_p50_ms"),
+        ("chat p95", "chat_ttft_p95_ms"),
+        ("total t/s", "total_tokens_per_s"),
+        ("batch t/s", "batch_tokens_per_s"),
+        ("eval t/s", "eval_tokens_per_s"),
+        ("eval shr", "eval_share"),
+        ("preempt", "preemptions"),
+        ("rejected", "batch_rejected"),
+    )
+    print(f"{'scenario':16}" + "".join(f"{c:>11}" for c, _ in cols))
+    for name, row in scenarios.items():
+        cells = "".join(f"{'-' if row.get(key) is None else row[key]:>11}" for _, key in cols)
+        print(f"{name:16}{cells}")
+    for key, value in comparison.items():
+        print(f"{key}: {value}")
+    print(f"wrote {write_results(TIERS_RESULTS, result)}")
+    plot = draw(scenarios, PLOT)
+    if plot is not None:
+        print(f"wrote {plot}")
     return 0
 
 

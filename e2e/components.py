@@ -158,6 +158,7 @@ def start_gateway(
         "--listen",
         f"127.0.0.1:{port}",
         "--no-access-log",
+        "--metrics-on-api-port",  # scraped from the API port by the demo's Prometheus
     )
     gateway = ManagedProcess(argv, log_path=workdir / "gateway.log", env=dict(os.environ), cwd=REPO)
     stack.callback(gateway.stop)

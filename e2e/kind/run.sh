@@ -21,6 +21,8 @@ system_ns="kvpool-system"      # the Helm release's namespace (operator)
 kvpool_image="kvpool:e2e"
 engine_image="kvpool-tiny-engine:e2e"
 chat_key="replace-me-chat-product-key"  # examples/tenants.yaml, tenant chat-product
+chat_secret="tenant-chat-product"       # ... and the Secret holding it (key api-key)
+release="kvpool"                        # Helm release; its objects are named kvpool-*
 
 workdir="$(mktemp -d -t kvpool-kind-e2e.XXXXXX)"
 port_forward_pid=""
@@ -58,6 +60,7 @@ cleanup() {
     log "diagnostics (exit status $status)"
     kubectl get kvpool,pods,deploy,cm -A -o wide 2>&1 | tail -n 60 || true
     kubectl -n "$system_ns" logs deploy/kvpool-operator --tail=80 2>&1 || true
+    kubectl -n "$pool_ns" logs deploy/kvpool-gateway --tail=40 2>&1 || true
     kubectl -n "$pool_ns" describe modelpool tiny 2>&1 | tail -n 40 || true
   fi
   if ((created_cluster == 1)) && [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
@@ -83,13 +86,14 @@ build_images() {
   # Small build contexts: the repo root holds .venv and .cache (GBs) the daemon must not get.
   log "building $kvpool_image (repo Dockerfile) and $engine_image (vLLM CPU + tiny model)"
   local app_ctx="$workdir/app" engine_ctx="$workdir/engine"
-  mkdir -p "$app_ctx" "$engine_ctx/tests/support"
+  mkdir -p "$app_ctx" "$engine_ctx/tests/support" "$engine_ctx/scripts"
   cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/operator" "$app_ctx/"
   rm -rf "$app_ctx/operator/kvpool.egg-info"
   find "$app_ctx" -name __pycache__ -type d -prune -exec rm -rf {} +
   docker build -t "$kvpool_image" -f "$repo/Dockerfile" "$app_ctx"
   cp "$repo/tests/support/tiny_model.py" "$repo/tests/support/make_tiny_model.py" \
     "$engine_ctx/tests/support/"
+  cp "$repo/scripts/kvpool_amx_permission.py" "$engine_ctx/scripts/"
   docker build -t "$engine_image" -f "$here/engine.Dockerfile" "$engine_ctx"
   log "loading the images into the kind nodes"
   kind load docker-image "$kvpool_image" "$engine_image" --name "$cluster"
@@ -113,14 +117,17 @@ apply_examples() {
 
 install_chart() {
   log "installing the Helm chart charts/kvpool (operator + gateway)"
-  helm upgrade --install kvpool "$repo/charts/kvpool" \
+  helm upgrade --install "$release" "$repo/charts/kvpool" \
     --namespace "$system_ns" --create-namespace \
     --set image.repository=kvpool --set image.tag=e2e --set image.pullPolicy=Never \
     --set operator.replicas=1 \
     --set operator.measureInterval=5s \
     --set operator.prometheusUrl=http://prometheus.monitoring.svc:9090 \
     --set gateway.replicas=1 \
-    --set gateway.poolNamespace="$pool_ns"
+    --set gateway.poolNamespace="$pool_ns" \
+    --set helmTest.model=tiny \
+    --set helmTest.apiKeySecret.name="$chat_secret" \
+    --set helmTest.apiKeySecret.key=api-key
   kubectl -n "$system_ns" rollout status deploy/kvpool-operator --timeout=5m
 }
 
@@ -141,9 +148,17 @@ wait_for_pool() {
   kubectl -n "$pool_ns" rollout status deploy/kvpool-gateway --timeout=10m
 }
 
+helm_test() {
+  log "helm test: the chart's test Pod sends a chat completion through the gateway Service"
+  helm test "$release" --namespace "$system_ns" --logs --timeout 5m \
+    || fail "helm test failed (the chart's request through the gateway Service)"
+}
+
 call_gateway() {
   log "port-forwarding the gateway to 127.0.0.1:$local_port and sending a request"
-  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:8080" \
+  # The Service's port named http (whatever its number): kubectl forwards to its targetPort.
+  local metrics_port=$((local_port + 1))
+  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:http" "$metrics_port:metrics" \
     >"$workdir/port-forward.log" 2>&1 &
   port_forward_pid=$!
   local base="http://127.0.0.1:$local_port" attempt
@@ -162,7 +177,7 @@ call_gateway() {
     -H 'Authorization: Bearer not-a-tenant' -H 'Content-Type: application/json' \
     -d '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}')"
   [[ "$status" == 401 ]] || fail "an unknown API key got HTTP $status, expected 401"
-  curl -fsS "$base/metrics" >"$workdir/metrics.txt"
+  curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$workdir/metrics.txt"
   grep -q 'kvpool_gateway_queue_seconds_count{pool="tiny",tier="interactive"}' "$workdir/metrics.txt" \
     || fail "the gateway's queue-time histogram has no interactive series for pool tiny"
   log "PASS: ModelPool Ready on measured capacity; the gateway admitted an interactive request"
@@ -177,6 +192,7 @@ main() {
   apply_examples
   install_chart
   wait_for_pool
+  helm_test
   call_gateway
 }
 

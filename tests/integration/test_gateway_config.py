@@ -149,7 +149,7 @@ async def test_running_gateway_process_reloads_without_dropping_requests(
             slow_resp = await slow
             assert slow_resp.status == 200
             assert json.loads(await slow_resp.read())["usage"]["completion_tokens"] == 2
-            async with session.get(f"{gateway.url}/metrics") as resp:
+            async with session.get(gateway.metrics_url) as resp:
                 text = await resp.text()
             assert 'kvpool_gateway_config_reloads_total{result="applied"} 1.0' in text
     finally:

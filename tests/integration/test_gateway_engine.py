@@ -28,11 +28,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvpool.adapters.budget_store import (
+from kvpool.adapters.budget import (
     BudgetStore,
+    FailoverBudgetStore,
+    FailoverPolicy,
     InMemoryBudgetStore,
     RedisBudgetStore,
-    RedisDownPolicy,
 )
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
@@ -97,7 +98,7 @@ async def start_gateway() -> AsyncIterator[Start]:
         gateway = Gateway(
             config,
             store or InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False),
+            settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
             **kwargs,
         )
         client = TestClient(TestServer(gateway.app()))
@@ -164,7 +165,7 @@ async def test_end_to_end_non_streaming_settles_the_real_usage(
     assert resp.status == 200, await resp.text()
     usage = (await resp.json())["usage"]
     assert 1 <= usage["completion_tokens"] <= 8
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == usage["prompt_tokens"] + usage["completion_tokens"]
     text = await (await client.get("/metrics")).text()
     assert 'kvpool_gateway_estimates_total{method="tokenizer",pool="tiny"} 1.0' in text
@@ -190,7 +191,7 @@ async def test_end_to_end_streaming(
     assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
     usage_chunks = [c for c in chunks if c.get("usage")]
     assert bool(usage_chunks) == caller_wants_usage
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
     assert tokenizer is not None
     prompt = tokenizer.count_chat(body["messages"])
@@ -255,11 +256,11 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
 ) -> None:
     redis = redis_server()
     metrics = GatewayMetrics()
-    store = RedisBudgetStore(
-        redis.url,
-        timeout=0.05,
-        policy=RedisDownPolicy(fail_closed_tiers=frozenset({"batch"}), retry_interval=1.0),
+    store = FailoverBudgetStore(
+        RedisBudgetStore(redis.url, timeout=0.05),
+        FailoverPolicy(fail_closed_tiers=frozenset({"batch"}), failure_threshold=1),
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
+        on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
     )
     config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
     client, _ = await start_gateway(config, store, metrics=metrics)
@@ -278,12 +279,14 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
     text = await (await client.get("/metrics")).text()
     assert 'kvpool_gateway_redis_errors_total{op="reserve"}' in text
     assert 'kvpool_gateway_budget_fallback_total{result="local",tier="interactive"}' in text
+    assert 'kvpool_gateway_budget_fallback_total{result="reject",tier="batch"} 1.0' in text
+    assert 'result="local",tier="batch"' not in text  # a fail-closed tier never counts local
 
     redis.start()  # same port, empty data
     await asyncio.sleep(1.2)  # the breaker's retry interval
     again = await client.post("/v1/completions", json=completion(), headers=ACME)
     assert again.status == 200
-    used = await store.usage("acme", config.tenants[0].limits, time.time())
+    used = await store.usage("default/acme", config.tenants[0].limits, time.time())
     assert used[0].tokens > 0  # charged in Redis again
 
 
@@ -304,9 +307,10 @@ async def test_engine_killed_gives_clear_errors_and_releases_everything(
     rest = (await stream.read()).decode()
     assert "engine_stream_broken" in rest
     after = await client.post("/v1/completions", json=completion(), headers=ACME)
-    assert after.status == 503
-    assert (await after.json())["error"]["code"] == "engine_unavailable"
+    assert after.status == 503 and "Retry-After" in after.headers
+    # refused by the dead engine, or already ejected by a failed health probe
+    assert (await after.json())["error"]["code"] in ("engine_unavailable", "no_ready_replica")
     snap = gateway.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens < 400  # settled with what was streamed, not the 400 reserved

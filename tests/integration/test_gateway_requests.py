@@ -20,9 +20,15 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import (
+    FailoverBudgetStore,
+    FailoverPolicy,
+    InMemoryBudgetStore,
+    RedisBudgetStore,
+)
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
 
@@ -51,7 +57,7 @@ async def start_gateway() -> AsyncIterator[Start]:
         gateway = Gateway(
             config,
             InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, **settings),
+            settings=GatewaySettings(access_log=False, metrics_on_api_port=True, **settings),
         )
         client = TestClient(TestServer(gateway.app()))
         await client.start_server()
@@ -103,20 +109,26 @@ REJECTIONS = {
         "invalid_type",
     ),
     "max-tokens-zero": ("/v1/completions", ACME, completion(max_tokens=0), 400, None),
-    "context-exceeded": (
+    "max-tokens-over-the-context": (
         "/v1/completions",
         ACME,
-        completion(prompt=[1, 2, 3], max_tokens=100_000),
+        completion(prompt=[1, 2], max_tokens=513),
         400,
-        None,
+        "max_tokens_too_large",
     ),
-    "too-many-sequences": ("/v1/completions", ACME, completion(n=64), 413, None),
-    "batched-prompts": (
+    "prompt-fills-the-context": (
         "/v1/completions",
         ACME,
-        completion(prompt=["a", "b"]),
+        completion(prompt=[1] * 512),
         400,
-        "batched_prompts",
+        "prompt_too_long",
+    ),
+    "empty-prompt-list": (
+        "/v1/completions",
+        ACME,
+        completion(prompt=[]),
+        400,
+        "invalid_prompt",
     ),
     "chat-without-messages": ("/v1/chat/completions", ACME, {"model": "tiny"}, 400, None),
     "tier-not-allowed": (
@@ -181,6 +193,103 @@ async def test_caller_priority_is_stripped_and_the_tier_sets_it(
     assert engine.received[0]["priority"] == 1  # batch is the second tier: engine priority 1
     sent = {k.lower() for k in engine.headers[0]}
     assert not sent & {"x-priority", "priority", "x-request-priority", "authorization"}
+
+
+# (path, body, upstream output field, value the engine must receive or None = untouched).
+# maxModelLen 512; token-id prompts are counted exactly. The engine bounds each sequence's
+# output by min(max_tokens, 512 - prompt); the gateway charges that and says it upstream.
+ENGINE_RULES = {
+    "max-tokens-past-the-context-is-served-and-bounded": (
+        "/v1/completions",
+        completion(prompt=[1] * 401, max_tokens=120),
+        "max_tokens",
+        111,
+    ),
+    "completions-without-max-tokens-keeps-the-default-16": (
+        "/v1/completions",
+        completion(prompt=[1, 2, 3]),
+        "max_tokens",
+        None,
+    ),
+    "completions-null-max-tokens-is-bounded-by-the-context": (
+        "/v1/completions",
+        completion(prompt=[1, 2, 3], max_tokens=None),
+        "max_tokens",
+        509,
+    ),
+    "chat-without-max-tokens-is-bounded-by-the-context": (
+        "/v1/chat/completions",
+        chat("hi"),
+        "max_completion_tokens",
+        "bounded",
+    ),
+    "list-of-prompts-is-served": (
+        "/v1/completions",
+        completion(prompt=[[1, 2, 3], [4, 5]], max_tokens=4),
+        "max_tokens",
+        None,
+    ),
+    "n-sequences-beyond-a-replica-are-served": (
+        "/v1/completions",
+        completion(prompt=[1, 2], n=9, max_tokens=2),
+        "max_tokens",
+        None,
+    ),
+    "max-tokens-within-the-context-is-untouched": (
+        "/v1/completions",
+        completion(prompt=[1] * 10, max_tokens=5),
+        "max_tokens",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field_name", "expected"),
+    list(ENGINE_RULES.values()),
+    ids=list(ENGINE_RULES),
+)
+async def test_the_engine_rules_serve_and_bound_the_output(
+    engine: FakeEngine,
+    start_gateway: Start,
+    path: str,
+    body: dict[str, Any],
+    field_name: str,
+    expected: int | str | None,
+) -> None:
+    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    resp = await client.post(path, json=body, headers=ACME)
+    assert resp.status == 200, await resp.text()
+    sent = engine.received[0]
+    if expected is None:
+        assert sent.get(field_name) == body.get(field_name)
+    elif expected == "bounded":
+        assert isinstance(sent[field_name], int) and 400 < sent[field_name] < 512
+    else:
+        assert sent[field_name] == expected
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
+
+
+async def test_budget_is_charged_the_engine_bound_without_max_tokens(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 9.1: omitting max_tokens must not shrink the charge below what may be generated."""
+    config = standard_config([engine.url]).tenant(
+        "capped", key="sk-capped", tiers=["batch"], limits=[(60, 300)]
+    )
+    client, _ = await start_gateway(config.obj())
+    capped = {"Authorization": "Bearer sk-capped"}
+    bounded = await client.post(
+        "/v1/completions", json=completion(prompt=[1] * 10, max_tokens=100), headers=capped
+    )
+    # no max_tokens: 10 + 502 = 512 may be generated, more than the whole 300-token budget
+    unbounded = await client.post(
+        "/v1/completions", json=completion(prompt=[1] * 10, max_tokens=None), headers=capped
+    )
+    assert bounded.status == 200, await bounded.text()
+    assert unbounded.status == 429, await unbounded.text()
+    assert len(engine.received) == 1
 
 
 async def test_upstream_body_is_json_whatever_the_caller_declared(
@@ -302,15 +411,25 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
         .obj()
     )
-    client, gateway = await start_gateway(config)
+    client, gateway = await start_gateway(config, health_probe_interval=0)  # passive only
     resp = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "engine_unavailable"
     assert "Retry-After" in resp.headers
     snap = gateway.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
-    used = await gateway.store.usage("acme", config.tenants[0].limits, gateway.wall_clock())
+    used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == 0  # the budget was refunded
+    # the refusal ejected the replica: the next request is not sent to it at all
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert again.status == 503 and "Retry-After" in again.headers
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_ejections_total{pool="tiny",reason="refused"} 1.0' in text
+    assert 'kvpool_gateway_replica_ejected{pool="tiny",replica="tiny-0"} 1.0' in text
+    gateway.apply_config(config)  # a reload listing it ready does not bring it back early
+    again = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
+    assert (await again.json())["error"]["code"] == "no_ready_replica"
 
 
 async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:
@@ -498,3 +617,150 @@ def test_tokenizer_cache_loads_once_and_never_raises(tmp_path: Path, setup: str)
     first = cache.get(path)
     assert (first is not None) == (setup == "folder")
     assert cache.get(path) is first  # cached, failures included
+
+
+async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
+    engine: FakeEngine,
+) -> None:
+    """Given Redis unreachable and the --fail-closed-tier flag naming batch, the TierPolicy
+    wins: interactive declares budgetUnavailable Reject (503 + Retry-After), batch declares
+    Allow (served from the local allowance); the fallback metric counts exactly that."""
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, budget_unavailable="Reject")
+        .tier("batch", floor=30, budget_unavailable="Allow")
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool("tiny", [engine.url])
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=[(60, 10_000)])
+        .obj()
+    )
+    metrics = GatewayMetrics()
+    store = FailoverBudgetStore(
+        RedisBudgetStore("redis://127.0.0.1:1/0", timeout=0.05),  # nothing listens on port 1
+        FailoverPolicy(fail_closed_tiers=frozenset({"batch"})),
+        on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
+    )
+    gateway = Gateway(
+        config,
+        store,
+        settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
+        metrics=metrics,
+    )
+    client = TestClient(TestServer(gateway.app()))
+    await client.start_server()
+    try:
+        rejected = await client.post("/v1/chat/completions", json=chat(), headers=ACME)
+        assert rejected.status == 503 and "Retry-After" in rejected.headers
+        assert (await rejected.json())["error"]["code"] == "budget_unavailable"
+        served = await client.post("/v1/completions", json=completion(max_tokens=4), headers=ACME)
+        assert served.status == 200
+        text = await (await client.get("/metrics")).text()
+        assert (
+            'kvpool_gateway_budget_fallback_total{result="reject",tier="interactive"} 1.0' in text
+        )
+        assert 'kvpool_gateway_budget_fallback_total{result="local",tier="batch"} 1.0' in text
+        assert 'result="local",tier="interactive"' not in text
+    finally:
+        await client.close()
+
+
+def _vllm_metrics(usage: float, preemptions: int) -> str:
+    return (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {usage}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0\n'
+        "# TYPE vllm:num_preemptions counter\n"
+        f'vllm:num_preemptions_total{{engine="0",model_name="tiny"}} {preemptions}\n'
+    )
+
+
+async def _metric(client: TestClient[Any, Any], name: str, **labels: str) -> float:
+    text = await (await client.get("/metrics")).text()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+
+
+async def _until(check: Callable[[], Awaitable[bool]], seconds: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_engines_near_full_pause_borrowing_and_preemptions_back_off(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 8.3: the engines' own /metrics correct admission."""
+    engine.delay = 0.3
+    engine.metrics_text = _vllm_metrics(0.5, 0)
+    client, gateway = await start_gateway(
+        standard_config([engine.url]).obj(), engine_poll_seconds=0.05
+    )
+    assert await _until(
+        lambda: _ok(_metric(client, "kvpool_gateway_overcommit_ratio", tier="batch"), below=1.0)
+    ), "the batch ratio never crept down while the engine reported no preemptions"
+
+    engine.metrics_text = _vllm_metrics(0.99, 0)
+    assert await _until(
+        lambda: _ok(_metric(client, "kvpool_gateway_borrowing_paused", pool="tiny"), above=0.5)
+    )
+    # batch's floor is 614 tokens / 2 slots: two requests of ~520 tokens each exceed it
+    big = completion(prompt=[1] * 400, max_tokens=100)
+    first = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
+    await asyncio.sleep(0.1)
+    snap = gateway.runtimes["tiny"].snapshot()
+    assert (snap.in_flight, snap.queued) == (1, 1), "a borrower started while paused"
+
+    engine.metrics_text = _vllm_metrics(0.5, 7)  # room again, but the engine preempted
+    responses = await asyncio.gather(first, second)
+    assert [r.status for r in responses] == [200, 200]
+    ratio = await _metric(client, "kvpool_gateway_overcommit_ratio", tier="batch")
+    preempted = await _metric(client, "kvpool_gateway_engine_preemptions_total", pool="tiny")
+    assert preempted == 7.0
+    assert ratio == 1.0 or ratio > 0.9, f"no back-off after preemptions: ratio {ratio}"
+    assert await _metric(client, "kvpool_gateway_overcommit_ratio", tier="interactive") == 1.0
+
+
+async def _ok(
+    value: Awaitable[float], *, below: float | None = None, above: float | None = None
+) -> bool:
+    got = await value
+    return (below is None or got < below) and (above is None or got > above)
+
+
+async def test_ttft_over_the_target_throttles_what_is_lent_below(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """Issue 8.4: streamed TTFT above the interactive target lowers the lent limit."""
+    engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, wait=5.0, ttft=0.01)
+        .tier("batch", floor=30, wait=5.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool("tiny", [engine.url])
+        .tenant(
+            "acme", key="sk-acme", tiers=["interactive", "batch"], labels={"class": "interactive"}
+        )
+    )
+    client, gateway = await start_gateway(config.obj(), engine_poll_seconds=0)
+    assert await _metric(client, "kvpool_gateway_lent_limit", tier="interactive") == 8.0
+    for _ in range(20):
+        resp = await client.post(
+            "/v1/chat/completions", json=chat(stream=True, max_tokens=2), headers=ACME
+        )
+        await resp.read()
+
+    limit = await _metric(client, "kvpool_gateway_lent_limit", tier="interactive")
+    p95 = await _metric(client, "kvpool_gateway_tier_ttft_p95_seconds", tier="interactive")
+    target = await _metric(client, "kvpool_gateway_tier_ttft_target_seconds", tier="interactive")
+    assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
+    assert p95 >= 0.03
+    assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}

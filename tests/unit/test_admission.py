@@ -23,6 +23,7 @@ from kvpool.domain.admission import (
     Reject,
     Wakeups,
 )
+from kvpool.gateway.outcomes import status_of
 from tests.support.admission_builders import PoolBuilder, Requests
 
 
@@ -46,7 +47,7 @@ def summary(verdict: Admit | Queue | Reject) -> tuple:
         return (verdict.outcome, verdict.borrowed_from, verdict.preempts)
     if isinstance(verdict, Queue):
         return ("queued",)
-    return (verdict.outcome, verdict.reason, verdict.http_status)
+    return (verdict.outcome, verdict.reason, status_of(verdict.reason))
 
 
 # Each case: a pool, the offers made first (tier, tokens), then the offer under test.
@@ -297,7 +298,7 @@ def test_request_that_cannot_start_within_max_queue_wait_is_rejected_at_once() -
     rejected = [v for v in verdicts if isinstance(v, Reject)]
     assert len(queued) == 20  # 2000 tokens ahead = 2 s of drain
     assert queued[0].estimated_wait_seconds == pytest.approx(0.1)
-    assert {(r.outcome, r.reason, r.http_status) for r in rejected} == {
+    assert {(r.outcome, r.reason, status_of(r.reason)) for r in rejected} == {
         ("rejected-deadline", REASON_QUEUE_WAIT, 503)
     }
     assert rejected[0].retry_after_seconds == 3.0
@@ -449,7 +450,7 @@ class TestReconfigure:
         ctl.offer(make.make("only", 600), 0.0)  # r2 queued
         small = PoolBuilder().capacity(500, 100).tier("only", 0, 0)
         changed = ctl.reconfigure(small.obj(), small.tiers(), 1.0)
-        assert [(r.request_id, r.reason, r.http_status) for r in changed.rejected] == [
+        assert [(r.request_id, r.reason, status_of(r.reason)) for r in changed.rejected] == [
             ("r2", REASON_TOO_LARGE_FOR_POOL, 413)
         ]
 
@@ -512,3 +513,53 @@ class TestReplicas:
         assert {r.name for r in ctl.snapshot().replicas} == {"s0", "s1"}
         ctl.release("r2", 2.0)
         assert {r.name for r in ctl.snapshot().replicas} == {"s0"}
+
+
+def issue_8_pool() -> PoolBuilder:
+    """Issue 8's engine as planned: 1,843 tokens / 8 slots; interactive 921/4, batch 552/2
+    (lends half), eval raised to one p95 request (192/1); shared 178/1."""
+    return (
+        PoolBuilder()
+        .capacity(1843, 8)
+        .tier("interactive", 921, 4)
+        .tier("batch", 552, 2, lend_tokens=276, lend_slots=1)
+        .tier("eval", 192, 1)
+    )
+
+
+def test_a_starved_tier_gets_freed_capacity_before_any_borrower() -> None:
+    """Eval's request (520 tokens) is larger than its floor (192): with nothing of eval
+    running, it still goes before batch's borrowers when batch releases capacity."""
+    ctl, reqs = controller(issue_8_pool()), Requests()
+    batch = [reqs.make("batch", 520, tenant="b") for _ in range(3)]
+    verdicts = [ctl.offer(r, 0.0) for r in batch]
+    assert [v.outcome for v in verdicts] == ["admitted", "borrowed", "borrowed"]
+    evaluation = reqs.make("eval", 520, tenant="e")
+    assert isinstance(ctl.offer(evaluation, 0.1), Queue)  # 2,080 > 1,843: it must wait
+    more_batch = reqs.make("batch", 520, tenant="b")
+    assert isinstance(ctl.offer(more_batch, 0.2), Queue)  # queued after eval, higher priority
+
+    wake = ctl.release(batch[0].request_id, 1.0)
+
+    assert [a.request_id for a in wake.admitted] == [evaluation.request_id]
+    assert wake.admitted[0].outcome == "borrowed"  # 328 of its 520 tokens are above its floor
+    assert ctl.verdict_of(more_batch.request_id) == "queued"
+
+
+def test_a_running_request_ends_the_starved_claim() -> None:
+    """Once eval runs one request, its next one is an ordinary borrower (priority order)."""
+    ctl, reqs = controller(issue_8_pool()), Requests()
+    first_eval = reqs.make("eval", 520, tenant="e")
+    assert isinstance(ctl.offer(first_eval, 0.0), Admit)
+    batch = [reqs.make("batch", 400, tenant="b") for _ in range(2)]
+    assert all(isinstance(ctl.offer(r, 0.0), Admit) for r in batch)
+    second_eval = reqs.make("eval", 300, tenant="e")
+    queued_batch = reqs.make("batch", 400, tenant="b")
+    big = reqs.make("interactive", 500, tenant="i")
+    assert isinstance(ctl.offer(big, 0.0), Admit)
+    assert isinstance(ctl.offer(second_eval, 0.1), Queue)
+    assert isinstance(ctl.offer(queued_batch, 0.2), Queue)
+
+    wake = ctl.release(big.request_id, 1.0)
+
+    assert [a.request_id for a in wake.admitted] == [queued_batch.request_id]

@@ -85,6 +85,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.queued: dict[str, AdmissionRequest] = {}
         self.finished: set[str] = set()
         self.relaxed = False  # a shrink happened: the pool may stay over its plan
+        self.pause_level: int | None = None  # borrowed in flight when borrowing was paused
+        self.limits: dict[str, tuple[int, int]] = {}  # tier -> (lent limit, borrowed then)
 
     @initialize(data=st.data(), replicas=st.sampled_from([0, 0, 1, 2]))
     def start(self, data: st.DataObject, replicas: int) -> None:
@@ -189,6 +191,30 @@ class AdmissionMachine(RuleBasedStateMachine):
                 self.relaxed = True
         self.plan = new
         self._apply(self.ctl.reconfigure(new.pool, new.tiers, self.now))
+        # ranks may move with the policy: limits are re-set by the limiter after a reload
+        for name in list(self.limits):
+            self._apply(self.ctl.set_lent_limit(name, None, self.now))
+        self.limits.clear()
+        if self.pause_level is not None:
+            self.pause_level = self._borrowed()
+
+    def _borrowed(self) -> int:
+        return sum(self.ctl._borrowed_by_rank.values())
+
+    @rule(paused=st.booleans())
+    def pause_borrowing(self, paused: bool) -> None:
+        self._apply(self.ctl.set_borrowing_paused(paused, self.now))
+        self.pause_level = self._borrowed() if paused else None
+
+    @rule(data=st.data())
+    def limit_lending(self, data: st.DataObject) -> None:
+        tier = data.draw(st.sampled_from([t.name for t in self.plan.tiers]))
+        limit = data.draw(st.one_of(st.none(), st.integers(0, 3)))
+        self._apply(self.ctl.set_lent_limit(tier, limit, self.now))
+        if limit is None:
+            self.limits.pop(tier, None)
+        else:
+            self.limits[tier] = (limit, self.ctl.borrowed_below(tier))
 
     @precondition(lambda self: self.replicas > 0)
     @rule(data=st.data())
@@ -279,6 +305,21 @@ class AdmissionMachine(RuleBasedStateMachine):
         """Nothing queued could start now: every change already woke what it could."""
         if hasattr(self, "ctl"):
             assert self.ctl._dispatch(self.now) == []
+
+    @invariant()
+    def pauses_and_lent_limits_hold(self) -> None:
+        """Paused: no new borrower starts. Limited: borrowers below a tier stay within the
+        limit, apart from those already running when it was lowered."""
+        if not hasattr(self, "ctl"):
+            return
+        now = self._borrowed()
+        if self.pause_level is not None:
+            assert now <= self.pause_level, "a borrower started while borrowing was paused"
+            self.pause_level = now
+        for tier, (limit, then) in list(self.limits.items()):
+            below = self.ctl.borrowed_below(tier)
+            assert below <= max(limit, then), f"{below} borrowers below {tier}, limit {limit}"
+            self.limits[tier] = (limit, min(then, max(below, limit)))
 
     @invariant()
     def lending_is_bounded(self) -> None:

@@ -15,18 +15,29 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from kvpool.adapters.budget_store import (
+from kvpool.adapters.budget import (
     BudgetStore,
     BudgetUnavailable,
+    FailoverBudgetStore,
+    FailoverPolicy,
     InMemoryBudgetStore,
     RedisBudgetStore,
-    RedisDownPolicy,
+    UnavailableMode,
+    budget_subject,
 )
+from kvpool.adapters.budget.failover import CircuitBreaker
 from kvpool.api.admission_config import BudgetWindow
-from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny
+from kvpool.domain.budget import (
+    BudgetAllow,
+    BudgetCharge,
+    BudgetDeny,
+    RequestEnd,
+    decide_settlement,
+)
 from tests.support.redis_server import RedisFactory
 
 BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
@@ -192,64 +203,130 @@ async def test_redis_concurrent_burst_never_overshoots(redis_url: str) -> None:
             await store.close()
 
 
-@pytest.mark.parametrize(
-    ("tier", "expect"),
-    [("interactive", "allow-locally"), ("batch", "unavailable")],
-    ids=["fail-open-tier", "fail-closed-tier"],
-)
-async def test_redis_down_follows_the_tier_policy(tier: str, expect: str) -> None:
+def failover(
+    url: str, *, timeout: float = 0.005, **policy: Any
+) -> tuple[FailoverBudgetStore, list[str], list[tuple[str, str]]]:
     errors: list[str] = []
-    store = RedisBudgetStore(
-        "redis://127.0.0.1:1/0",  # nothing listens on port 1
-        timeout=0.005,
-        policy=RedisDownPolicy(fail_closed_tiers=frozenset({"batch"}), local_fraction=0.1),
+    fallbacks: list[tuple[str, str]] = []
+    store = FailoverBudgetStore(
+        RedisBudgetStore(url, timeout=timeout, key_prefix=f"fo:{time.monotonic_ns()}"),
+        FailoverPolicy(**policy),
         on_error=lambda op, exc: errors.append(op),
+        on_fallback=lambda tier, result: fallbacks.append((tier, result)),
+    )
+    return store, errors, fallbacks
+
+
+@pytest.mark.parametrize(
+    ("tier", "declared", "expect"),
+    [
+        ("interactive", None, "local"),
+        ("batch", None, "reject"),
+        ("batch", "Allow", "local"),
+        ("interactive", "Reject", "reject"),
+    ],
+    ids=["flag-default-allow", "flag-fail-closed", "tier-declares-allow", "tier-declares-reject"],
+)
+async def test_redis_down_follows_the_tier_policy(
+    tier: str, declared: UnavailableMode | None, expect: str
+) -> None:
+    store, errors, fallbacks = failover(
+        "redis://127.0.0.1:1/0",  # nothing listens on port 1
+        fail_closed_tiers=frozenset({"batch"}),
+        local_fraction=0.1,
+        failure_threshold=1,
     )
     limits = [per("1m", 1000)]
     try:
         started = time.perf_counter()
-        verdict = await store.reserve("acme", limits, 100, BASE, tier=tier)
+        verdict = await store.reserve("ns/acme", limits, 100, BASE, tier, declared)
         elapsed = time.perf_counter() - started
         assert elapsed < 0.25  # bounded by the timeout (+ scheduling noise on a busy machine)
         assert errors == ["reserve"]
-        if expect == "unavailable":
+        assert fallbacks == [(tier, expect)]  # a fail-closed tier never counts "local"
+        if expect == "reject":
             assert isinstance(verdict, BudgetUnavailable)
             return
         # fail-open: a local allowance of 10 % of the limit (100 tokens), then denied
         assert isinstance(verdict, BudgetAllow)
         assert verdict.charge.origin == "local"
-        again = await store.reserve("acme", limits, 1, BASE, tier=tier)
+        again = await store.reserve("ns/acme", limits, 1, BASE, tier, declared)
         assert isinstance(again, BudgetDeny)
         # the circuit breaker kept Redis out of the path: still one error recorded
         assert errors == ["reserve"]
         await store.settle(verdict.charge, 0, BASE + 1)  # local charges settle locally
-        refunded = await store.reserve("acme", limits, 100, BASE + 1, tier=tier)
+        refunded = await store.reserve("ns/acme", limits, 100, BASE + 1, tier, declared)
         assert isinstance(refunded, BudgetAllow)
     finally:
         await store.close()
 
 
-async def test_redis_breaker_retries_after_the_interval() -> None:
+BREAKER_CASES = {
+    # events: "ok"/"fail" calls, or "t=<seconds>" to move the clock; then the expected state
+    "one-failure-keeps-it-closed": (["fail"], "closed"),
+    "success-resets-the-count": (["fail", "fail", "ok", "fail", "fail"], "closed"),
+    "three-consecutive-failures-open-it": (["fail", "fail", "fail"], "open"),
+    "after-the-interval-it-is-half-open": (["fail", "fail", "fail", "t=1.5"], "half-open"),
+    "a-successful-probe-closes-it": (["fail", "fail", "fail", "t=1.5", "ok"], "closed"),
+    "a-failed-probe-re-opens-it": (["fail", "fail", "fail", "t=1.5", "fail"], "open"),
+}
+
+
+@pytest.mark.parametrize(("events", "state"), list(BREAKER_CASES.values()), ids=list(BREAKER_CASES))
+def test_circuit_breaker(events: list[str], state: str) -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=3, open_seconds=1.0, clock=lambda: now[0])
+    for event in events:
+        if event.startswith("t="):
+            now[0] = float(event[2:])
+            continue
+        assert breaker.allow(), event
+        breaker.success() if event == "ok" else breaker.failure()
+    assert breaker.state == state
+
+
+def test_half_open_breaker_lets_one_probe_through() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=lambda: now[0])
+    breaker.failure()
+    assert not breaker.allow()
+    now[0] = 1.0
+    assert [breaker.allow() for _ in range(3)] == [True, False, False]
+
+
+def test_an_abandoned_probe_frees_the_half_open_slot() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=lambda: now[0])
+    breaker.failure()
+    now[0] = 1.0
+    assert breaker.allow()
+    breaker.abandon()  # the probing request was cancelled
+    assert breaker.allow()
+
+
+async def test_redis_breaker_opens_on_consecutive_failures_and_probes_again() -> None:
     now = [0.0]
     errors: list[str] = []
-    store = RedisBudgetStore(
-        "redis://127.0.0.1:1/0",
-        timeout=0.005,
-        policy=RedisDownPolicy(retry_interval=1.0),
+    store = FailoverBudgetStore(
+        RedisBudgetStore("redis://127.0.0.1:1/0", timeout=0.005),
+        FailoverPolicy(failure_threshold=2, open_seconds=1.0),
         on_error=lambda op, exc: errors.append(op),
         clock=lambda: now[0],
     )
     limits = [per("1m", 1000)]
     try:
-        await store.reserve("acme", limits, 1, BASE)
+        await store.reserve("ns/acme", limits, 1, BASE)
+        assert store.available  # one failure does not open it
+        await store.reserve("ns/acme", limits, 1, BASE)
         assert not store.available
         now[0] = 0.5
-        await store.reserve("acme", limits, 1, BASE)
-        assert errors == ["reserve"]
+        await store.reserve("ns/acme", limits, 1, BASE)
+        assert errors == ["reserve", "reserve"]  # open: Redis not asked
         now[0] = 1.5
         assert store.available
-        await store.reserve("acme", limits, 1, BASE)
-        assert errors == ["reserve", "reserve"]
+        await store.reserve("ns/acme", limits, 1, BASE)  # the half-open probe
+        assert errors == ["reserve", "reserve", "reserve"]
+        assert not store.available
     finally:
         await store.close()
 
@@ -257,24 +334,104 @@ async def test_redis_breaker_retries_after_the_interval() -> None:
 @pytest.mark.redis
 async def test_a_hung_redis_costs_at_most_the_timeout(redis_server: RedisFactory) -> None:
     """Given a Redis that accepts connections but does not answer (SIGSTOP), a reservation
-    returns after the timeout with the local allowance, and the next one does not wait."""
+    returns after the timeout with the local allowance, and once the breaker is open the
+    next one does not wait."""
     redis = redis_server()
-    store = RedisBudgetStore(redis.url, timeout=0.02, key_prefix=f"hung:{time.monotonic_ns()}")
+    store, errors, _ = failover(redis.url, timeout=0.02, failure_threshold=1)
     limits = [per("1m", 1000)]
     try:
-        assert isinstance(await store.reserve("acme", limits, 10, BASE), BudgetAllow)
+        assert isinstance(await store.reserve("ns/acme", limits, 10, BASE), BudgetAllow)
         os.kill(redis.process.pid, signal.SIGSTOP)
         try:
             timings = []
             for _ in range(2):
                 started = time.perf_counter()
-                verdict = await store.reserve("acme", limits, 10, BASE)
+                verdict = await store.reserve("ns/acme", limits, 10, BASE)
                 timings.append(time.perf_counter() - started)
                 assert isinstance(verdict, BudgetAllow) and verdict.charge.origin == "local"
         finally:
             os.kill(redis.process.pid, signal.SIGCONT)
         assert timings[0] < 0.2  # the 20 ms timeout, plus scheduling noise on a busy machine
         assert timings[1] < timings[0]  # the breaker is open: Redis is not even asked
-        assert store.errors == 1
+        assert errors == ["reserve"]
     finally:
         await store.close()
+
+
+@pytest.mark.redis
+async def test_healthy_redis_burst_has_no_spurious_errors(redis_url: str) -> None:
+    """Given a healthy local Redis and the DEFAULT timeout, a burst of 200 concurrent
+    reservations on a fail-closed tier: no call fails, no 503 budget_unavailable (the old
+    5 ms default failed 199 of 200 here: 'Too many connections' and timeouts)."""
+    errors: list[str] = []
+    fallbacks: list[tuple[str, str]] = []
+    store = FailoverBudgetStore(
+        RedisBudgetStore(redis_url, key_prefix=f"burst200:{time.monotonic_ns()}"),
+        FailoverPolicy(fail_closed_tiers=frozenset({"batch"})),
+        on_error=lambda op, exc: errors.append(op),
+        on_fallback=lambda tier, result: fallbacks.append((tier, result)),
+    )
+    limits = [per("1m", 10**9), per("1h", 10**9)]
+
+    async def timed(i: int) -> tuple[float, object]:
+        started = time.perf_counter()
+        verdict = await store.reserve(f"ns/t{i % 20}", limits, 10, time.time(), "batch")
+        return time.perf_counter() - started, verdict
+
+    try:
+        results = await asyncio.gather(*(timed(i) for i in range(200)))
+        slowest = max(t for t, _ in results)
+        unavailable = sum(isinstance(v, BudgetUnavailable) for _, v in results)
+        assert (unavailable, errors, fallbacks) == (0, [], []), (
+            f"{unavailable}/200 budget_unavailable against a healthy Redis; slowest call "
+            f"{slowest * 1000:.1f} ms; errors {len(errors)}"
+        )
+        assert all(isinstance(v, BudgetAllow) for _, v in results)
+        print(f"200-burst: slowest reserve {slowest * 1000:.1f} ms")
+    finally:
+        await store.close()
+
+
+@pytest.mark.redis
+async def test_same_tenant_name_in_two_namespaces_is_isolated(redis_url: str) -> None:
+    """Tenant 'shared' of team-b spends its whole budget; 'shared' of team-a is untouched
+    (the old key had no namespace: team-b used up team-a's budget)."""
+    prefix = f"ns:{time.monotonic_ns()}"
+    stores = [RedisBudgetStore(redis_url, timeout=1.0, key_prefix=prefix) for _ in range(2)]
+    limits = [per("1m", 1000)]
+    a, b = budget_subject("team-a", "shared"), budget_subject("team-b", "shared")
+    try:
+        assert isinstance(await stores[1].reserve(b, limits, 1000, BASE + 1), BudgetAllow)
+        verdict = await stores[0].reserve(a, limits, 600, BASE + 2)
+        used_a = (await stores[0].usage(a, limits, BASE + 3))[0].tokens
+        assert isinstance(verdict, BudgetAllow), f"team-a denied: {verdict}; usage {used_a}"
+        assert used_a == 600
+        assert stores[0].key(a, 60) == f"{prefix}:{{team-a/shared}}:60"  # one cluster slot
+    finally:
+        for store in stores:
+            await store.close()
+
+
+def end(reported: int | None, observed: int, *, sent: bool = True, aborted: bool) -> RequestEnd:
+    return RequestEnd(140, reported, observed, sent=sent, client_aborted=aborted)
+
+
+SETTLEMENT_CASES = {
+    "engine-usage-is-exact": (end(77, 60, aborted=False), 77),
+    "usage-seen-then-client-gone": (end(90, 70, aborted=True), 90),
+    "refused-before-sending": (end(None, 0, sent=False, aborted=False), 0),
+    "client-gone-while-refused": (end(None, 0, sent=False, aborted=True), 0),
+    "engine-rejected-4xx": (end(None, 0, aborted=False), 0),
+    "non-stream-client-abort-keeps-reservation": (end(None, 0, aborted=True), 140),
+    "stream-client-abort-keeps-reservation": (end(None, 52, aborted=True), 140),
+    "stream-relayed-above-reservation": (end(None, 300, aborted=True), 300),
+    "engine-broke-mid-stream-charges-relayed": (end(None, 52, aborted=False), 52),
+    "engine-timed-out-before-answer": (end(None, 0, aborted=False), 0),
+}
+
+
+@pytest.mark.parametrize(
+    ("end", "charged"), list(SETTLEMENT_CASES.values()), ids=list(SETTLEMENT_CASES)
+)
+def test_decide_settlement(end: RequestEnd, charged: int) -> None:
+    assert decide_settlement(end) == charged

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore, RedisBudgetStore
+from kvpool.adapters.budget import InMemoryBudgetStore, RedisBudgetStore
 from kvpool.api.admission_config import BudgetWindow
 from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny
 from tests.support.redis_server import RedisFactory

@@ -83,7 +83,15 @@ def test_policy_is_resolved_to_ranks_seconds_and_engine_priorities() -> None:
     policy = (
         make_policy("p")
         .tier("interactive", floor=50, max_wait="2s", ttftP95Target="500ms")
-        .tier("batch", floor=30, lend=50, max_wait="10m", enginePriority=7, reclaim="Preempt")
+        .tier(
+            "batch",
+            floor=30,
+            lend=50,
+            max_wait="10m",
+            enginePriority=7,
+            reclaim="Preempt",
+            budgetUnavailable="Reject",
+        )
         .rule("batch", pathPrefix="/v1/completions")
         .obj()
     )
@@ -96,6 +104,8 @@ def test_policy_is_resolved_to_ranks_seconds_and_engine_priorities() -> None:
     assert compiled.tiers[0].ttft_p95_target_seconds == 0.5
     assert compiled.tiers[1].max_queue_wait_seconds == 600.0
     assert compiled.tiers[1].reclaim == "Preempt" and compiled.tiers[1].lend_percent == 50
+    # Redis-down behaviour: declared on batch, left to the gateway's flag on interactive
+    assert [t.budget_unavailable for t in compiled.tiers] == [None, "Reject"]
     assert compiled.classification[0].path_prefix == "/v1/completions"
 
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.gateway_builders import FakeEngine, standard_config
 
@@ -163,6 +163,36 @@ valid_bodies = st.fixed_dictionaries(
         "n": st.integers(min_value=1, max_value=2),
     },
 )
+# Request shapes the engine serves (issue 8.1/9.1): missing or null max_tokens, n > 1,
+# best_of, lists of prompts (strings and token ids), stream_options.
+shaped_bodies = st.fixed_dictionaries(
+    {
+        "model": st.just("tiny"),
+        "prompt": st.one_of(
+            st.text(max_size=50),
+            st.lists(st.text(max_size=30), min_size=1, max_size=4),
+            st.lists(
+                st.lists(st.integers(min_value=0, max_value=2000), min_size=1, max_size=600),
+                min_size=1,
+                max_size=3,
+            ),
+        ),
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=60)}),
+            min_size=1,
+            max_size=2,
+        ),
+    },
+    optional={
+        "max_tokens": st.none() | st.integers(min_value=-1, max_value=600),
+        "max_completion_tokens": st.none() | st.integers(min_value=0, max_value=600),
+        "n": st.none() | st.integers(min_value=0, max_value=12),
+        "best_of": st.integers(min_value=1, max_value=4),
+        "stream": st.booleans(),
+        "stream_options": st.none() | st.fixed_dictionaries({"include_usage": st.booleans()}),
+    },
+)
+
 FIELDS = [
     "model",
     "model",
@@ -196,6 +226,8 @@ mutated_bodies = st.builds(
 
 bodies = st.one_of(
     valid_bodies.map(_encode),
+    shaped_bodies.map(_encode),
+    shaped_bodies.map(_encode),
     mutated_bodies,
     mutated_bodies,
     st.binary(max_size=300),
@@ -238,3 +270,25 @@ def test_request_path_never_answers_5xx(
         assert resp.getheader("Content-Type", "").startswith("application/json")
         error = json.loads(payload)["error"]
         assert isinstance(error["message"], str) and error["message"]
+
+
+def test_after_the_fuzz_nothing_is_reserved_or_in_flight(gateway_port: int) -> None:
+    """Runs after the fuzz (file order): every reservation of every shape was released."""
+    conn = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    held = [
+        line
+        for line in text.splitlines()
+        if (
+            line.startswith("kvpool_gateway_tier_tokens{")
+            or line.startswith("kvpool_gateway_tier_slots{")
+        )
+        and ('kind="in_use"' in line or 'kind="borrowed"' in line or 'kind="queued"' in line)
+        and float(line.rsplit(" ", 1)[1]) != 0
+    ]
+    assert not held, held
+    assert "kvpool_gateway_in_flight 0.0" in text

@@ -49,7 +49,11 @@ VALUE_CASES = {
         "gateway": {"enabled": False},
     },
     "redis-and-servicemonitors": {
-        "gateway": {"redisUrl": "redis://redis.kvpool:6379/0", "poolNamespace": "llm"},
+        "gateway": {
+            "replicas": 2,
+            "redisUrl": "redis://redis.kvpool:6379/0",
+            "poolNamespace": "llm",
+        },
         "serviceMonitor": {"enabled": True},
         "engineMonitor": {"enabled": True},
     },
@@ -130,6 +134,7 @@ BAD_VALUES = {
     "zero-operator-replicas": {"operator": {"replicas": 0}},
     "prometheus-url-without-scheme": {"operator": {"prometheusUrl": "prometheus:9090"}},
     "redis-url-not-redis": {"gateway": {"redisUrl": "http://redis:6379"}},
+    "two-gateways-without-redis": {"gateway": {"replicas": 2}},
     "bad-pull-policy": {"image": {"repository": "x", "pullPolicy": "Sometimes"}},
 }
 

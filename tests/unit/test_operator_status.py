@@ -223,7 +223,14 @@ STATUS_CASES: list[tuple[str, dict[str, Any], str, dict[str, tuple[str, str]]]] 
             c.CAPACITY_SHORT: ("False", c.CAPACITY_SUFFICIENT),
             c.METRICS_UNAVAILABLE: ("False", c.METRICS_FRESH),
             c.DEGRADED: ("False", c.AS_EXPECTED),
+            c.FLOOR_TOO_SMALL: ("False", c.FLOORS_HOLD_A_REQUEST),
         },
+    ),
+    (
+        "eval-floor-below-one-request-is-raised-and-said",
+        {"readings": [_reading("a", 2048)], "peak": 1},
+        "Ready",
+        {c.FLOOR_TOO_SMALL: ("True", c.FLOOR_RAISED)},
     ),
     (
         "not-ready",
@@ -278,6 +285,14 @@ def test_build_pool_status(
     assert set(conds) == set(c.MODELPOOL_CONDITION_TYPES)
     for type_, want in expected.items():
         assert conds[type_] == want
+
+
+def test_floor_too_small_message_names_the_tier() -> None:
+    obs, _ = _observe([_reading("a", 2048)], peak=1)
+    status = build_pool_status(None, obs, None)
+    cond = c.find_condition(status.conditions, c.FLOOR_TOO_SMALL)
+    assert cond is not None and "'eval'" in cond.message and "one p95 request" in cond.message
+    assert status.plan is not None and status.plan.tiers[2].floor_slots == 1
 
 
 def test_failed_plan_keeps_the_last_plan() -> None:

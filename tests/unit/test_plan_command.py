@@ -103,3 +103,20 @@ def test_cli_refuses_invalid_manifests(tmp_path: Path, capsys: pytest.CaptureFix
 def test_cli_rejects_a_non_positive_override(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "-f", str(EXAMPLES), "--kv-tokens-per-replica", "0"]) == 2
     assert "positive" in capsys.readouterr().err
+
+
+def test_table_warns_when_a_floor_holds_less_than_one_request() -> None:
+    pool = (
+        make_pool("small")
+        .engine(maxNumSeqs=8, maxModelLen=512)
+        .lengths((64, 128), (32, 64))
+        .replicas(1, 1)
+        .obj()
+    )
+
+    report = build_plan_report([pool], [standard_policy().obj()], 2048)
+    table = render_table(report)
+
+    (entry,) = report["pools"]
+    assert [(t["name"], t["floorSlots"]) for t in entry["tiers"]][-1] == ("eval", 1)
+    assert "floor of tier 'eval' (10% = 184 tokens, 0 slots)" in table

@@ -197,6 +197,64 @@ def test_plan_errors(case: ErrorCase) -> None:
         assert part in result.message
 
 
+def _small_engine_pool() -> PoolBuilder:
+    """One replica of 2,048 KV tokens at 90 %, 8 sequences, p95 request 128 + 64 tokens."""
+    return (
+        make_pool()
+        .engine(maxNumSeqs=8, maxModelLen=512)
+        .lengths((64, 128), (32, 64))
+        .replicas(1, 1)
+        .capacity(kvUtilizationTarget=90)
+    )
+
+
+@pytest.mark.parametrize(
+    ("floors", "expected", "shared", "small"),
+    [
+        (
+            (50, 30, 10),
+            [("t0", 921, 4), ("t1", 552, 2), ("t2", 192, 1)],
+            (178, 1),
+            ("t2",),
+        ),
+        (
+            (60, 39, 1),
+            [("t0", 1105, 4), ("t1", 546, 3), ("t2", 192, 1)],
+            (0, 0),
+            ("t2",),
+        ),
+        (
+            (50, 30, 0),
+            [("t0", 921, 4), ("t1", 552, 2), ("t2", 0, 0)],
+            (370, 2),
+            (),
+        ),
+    ],
+    ids=[
+        "issue-8-eval-floor-raised-from-shared",
+        "raise-taken-from-the-lowest-other-tier",
+        "zero-floor-stays-zero",
+    ],
+)
+def test_a_nonzero_floor_holds_one_p95_request(
+    floors: tuple[int, int, int],
+    expected: list[tuple[str, int, int]],
+    shared: tuple[int, int],
+    small: tuple[str, ...],
+) -> None:
+    policy = make_policy()
+    for index, floor in enumerate(floors):
+        policy.tier(f"t{index}", floor=floor, lend=100)
+
+    plan = plan_pool(_small_engine_pool().obj(), policy.obj(), 2048)
+
+    assert isinstance(plan, PoolPlan)
+    assert [(t.name, t.floor_tokens, t.floor_slots) for t in plan.tiers] == expected
+    assert (plan.shared_tokens, plan.shared_slots) == shared
+    assert plan.small_floors == small
+    assert len([w for w in plan.warnings if "less than one p95 request" in w]) == len(small)
+
+
 def test_measurement_wins_over_declared_figure() -> None:
     pool = make_pool().capacity(kvTokensPerReplica=50_000).obj()
 
@@ -251,7 +309,11 @@ def test_plan_invariants(
     assert plan.shared_tokens >= 0
     assert plan.shared_slots >= 0
     assert sum(t.floor_tokens for t in plan.tiers) + plan.shared_tokens == plan.total_tokens
+    one_request = 2048 + 1024  # the builder's p95 prompt + output
     for tier in plan.tiers:
+        if plan.total_slots > 0 and not any(tier.name in w for w in plan.warnings):
+            assert tier.floor_slots >= 1  # never rounded to 0 slots silently
+            assert tier.floor_tokens >= one_request
         assert 0 <= tier.lendable_tokens <= tier.floor_tokens
         assert 0 <= tier.lendable_slots <= tier.floor_slots
     if peak and plan.replicas < high:

@@ -10,7 +10,7 @@ import pytest
 
 from kvpool.api.admission_config import CompiledPool, Endpoint, TierAllocation, Track, TrackPlan
 from kvpool.api.modelpool import ModelPool, PlanStatus, TierPlanStatus
-from kvpool.domain.admission import AdmissionRequest, Admit, Reject
+from kvpool.domain.admission import REASON_TOO_LARGE_FOR_POOL, AdmissionRequest, Admit, Reject
 from kvpool.domain.compile import CanaryInput, PoolInput, build_compiled_pool
 from kvpool.domain.rollout.track_plan import plan_canary
 from kvpool.domain.routing import build_track_pool, decide_track
@@ -122,7 +122,7 @@ def test_the_gateway_admits_each_track_against_its_own_plan() -> None:
 
     on_stable, on_canary, small = asyncio.run(scenario())
     assert isinstance(on_stable, Admit) and on_stable.replica in ("s0", "s1")
-    assert isinstance(on_canary, Reject) and on_canary.http_status == 413
+    assert isinstance(on_canary, Reject) and on_canary.reason == REASON_TOO_LARGE_FOR_POOL
     assert isinstance(small, Admit) and small.replica == "c0"
 
 

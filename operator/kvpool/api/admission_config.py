@@ -41,6 +41,11 @@ class CompiledTier(_Compiled):
     ttft_p95_target_seconds: float | None = None
     engine_priority: int
     reclaim: Literal["Wait", "Preempt"]
+    budget_unavailable: Literal["Allow", "Reject"] | None = Field(
+        default=None,
+        description="While the shared budget store is down: Allow (local allowance) or "
+        "Reject (503); absent = the gateway's --fail-closed-tier default.",
+    )
 
 
 class CompiledRule(_Compiled):

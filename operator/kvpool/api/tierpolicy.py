@@ -68,6 +68,16 @@ class Tier(ApiModel):
             "Preempt (let the engine preempt borrowers, which burns their recompute)."
         ),
     )
+    budget_unavailable: Literal["Allow", "Reject"] | None = Field(
+        default=None,
+        description=(
+            "What the gateway does with this tier's requests while the shared budget store "
+            "(Redis) cannot be reached: Allow charges them against a local allowance of "
+            "each gateway replica (a share of every tenant limit, 10% by default), Reject "
+            "answers 503 budget_unavailable with Retry-After. Unset: the gateway's "
+            "--fail-closed-tier list decides (Allow unless the tier is listed)."
+        ),
+    )
 
 
 class ClassificationRule(ApiModel):

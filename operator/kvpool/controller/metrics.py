@@ -7,9 +7,13 @@ are - next to the engines' metrics. One registry per process, served on ``--metr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from kvpool.domain.conditions import MODELPOOL_CONDITION_TYPES
 
 
 @dataclass
@@ -50,7 +54,12 @@ class OperatorMetrics:
             ["namespace", "pool"],
             registry=r,
         )
-
+        self.pool_condition = Gauge(
+            "kvpool_operator_pool_condition",
+            "ModelPool status conditions as last written: 1 when status is True, else 0.",
+            ["namespace", "pool", "condition"],
+            registry=r,
+        )
         self.rollout_phase = Gauge(
             "kvpool_rollout_phase",
             "1 for the current rollout phase of a pool (Idle, Progressing, Paused, Promoted, "
@@ -65,6 +74,22 @@ class OperatorMetrics:
             ["namespace", "pool", "gate", "track"],
             registry=r,
         )
+
+    def record_conditions(
+        self, namespace: str, pool: str, conditions: Iterable[tuple[str, str]]
+    ) -> None:
+        """Export a pool's conditions, given as (type, status) pairs (alerts read them)."""
+        for type_, status in conditions:
+            self.pool_condition.labels(namespace, pool, type_).set(1 if status == "True" else 0)
+
+    def forget_pool(self, namespace: str, pool: str) -> None:
+        """Drop a deleted pool's per-pool series (no alert on a pool that is gone)."""
+        children = [(self.warm_replicas, (namespace, pool))] + [
+            (self.pool_condition, (namespace, pool, type_)) for type_ in MODELPOOL_CONDITION_TYPES
+        ]
+        for gauge, labels in children:
+            with contextlib.suppress(KeyError):  # never set for this pool
+                gauge.remove(*labels)
 
     def serve(self, port: int, host: str) -> None:
         """Serve /metrics in a background thread."""

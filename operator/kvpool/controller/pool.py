@@ -192,11 +192,13 @@ async def write_status(
                 op.kube, body, event.type, event.reason, event.message, utc_now()
             )
     op.statuses[key] = status  # only once written: a failed write is retried next time
+    op.metrics.record_conditions(*key, ((c.type, c.status) for c in status.conditions))
 
 
 async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:
     """Remove a deleted pool's children (ownerReferences do this in a real cluster)."""
     deleted = await kube.delete_children(op.kube, namespace, name)
     op.statuses.pop((namespace, name), None)
+    op.metrics.forget_pool(namespace, name)
     if deleted:
         log.info("pool %s/%s deleted: removed %d children", namespace, name, deleted)

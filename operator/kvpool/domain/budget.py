@@ -35,7 +35,7 @@ Worked example (limit 1000 tokens per 60 s, so g = 1 s)::
     t=70.5  usage = buckets >= floor(10.5) = 10 -> 650     (the t=10.2 charge still counts)
     t=71.0  usage = buckets >= 11 -> 500                   (it has left the window)
 
-The same arithmetic runs in Redis as Lua scripts (``kvpool.adapters.budget_store``) so
+The same arithmetic runs in Redis as Lua scripts (``kvpool.adapters.budget.redis``) so
 several gateway replicas share one budget; this module is the reference the in-memory
 store uses and the one both stores are tested against.
 
@@ -297,3 +297,50 @@ def format_window(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """What the gateway knows about a request's usage when it ends."""
+
+    reserved: int  # tokens charged at admission (the bound the engine can generate)
+    reported: int | None  # prompt + completion from the engine's final ``usage``, if seen
+    observed: int  # prompt + output the gateway relayed (content chunks), 0 if none
+    sent: bool  # the request reached the engine (False: refused before it was sent)
+    client_aborted: bool  # the caller went away before the answer ended
+
+
+def decide_settlement(end: RequestEnd) -> int:
+    """The tokens a request is finally charged: what the engine generated, never nothing.
+
+    - the engine's own ``usage`` was seen -> exactly that;
+    - the request never reached the engine (connection refused) -> 0, nothing ran;
+    - the caller aborted: the engine ran for an unknown time and keeps generating until it
+      notices, so what was relayed is only a lower bound (and 0 for a non-streaming
+      request). The reservation - the most the engine can generate for the request -
+      stays charged (or what was relayed, if more). Otherwise aborting right before the
+      answer would be unlimited free compute;
+    - otherwise (an engine rejection, an engine that failed or timed out mid-way) -> what
+      the caller was given: the tenant did not cut it short and is not charged for the
+      engine's failure.
+
+    Worked example (reservation 140 = prompt 40 + max_tokens 100)::
+
+        non-streaming, finished, usage 40 + 37       -> 77
+        non-streaming, client aborted after 1 s      -> 140  (was 0: free compute)
+        stream, client aborted after 12 chunks       -> 140  (52 relayed, more generated)
+        stream, engine died after 12 chunks          -> 52
+        connection refused                           -> 0
+
+    >>> decide_settlement(RequestEnd(140, None, 0, sent=True, client_aborted=True))
+    140
+    >>> decide_settlement(RequestEnd(140, 77, 77, sent=True, client_aborted=False))
+    77
+    """
+    if end.reported is not None:
+        return max(0, end.reported)
+    if not end.sent:
+        return 0
+    if end.client_aborted:
+        return max(end.reserved, end.observed)
+    return max(0, end.observed)

@@ -189,6 +189,7 @@ def build_compiled_policy(policy: TierPolicy) -> CompiledTierPolicy:
                 ),
                 engine_priority=policy.engine_priority(t.name),
                 reclaim=t.reclaim,
+                budget_unavailable=t.budget_unavailable,
             )
             for rank, t in enumerate(policy.spec.tiers)
         ],

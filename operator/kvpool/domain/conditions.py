@@ -28,12 +28,14 @@ CAPACITY_MEASURED = "CapacityMeasured"
 CAPACITY_SHORT = "CapacityShort"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 DEGRADED = "Degraded"
+FLOOR_TOO_SMALL = "FloorTooSmall"  # a tier's floorPercent held less than one p95 request
 MODELPOOL_CONDITION_TYPES = (
     READY,
     CAPACITY_MEASURED,
     CAPACITY_SHORT,
     METRICS_UNAVAILABLE,
     DEGRADED,
+    FLOOR_TOO_SMALL,
 )
 PROGRESSING = "Progressing"  # a canary rollout; set by kvpool.domain.rollout.status
 
@@ -54,6 +56,10 @@ NO_CAPACITY = "NoCapacityFigure"  # neither measured nor declared
 # CapacityShort
 MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"  # a tier's peak needs more than maxReplicas
 CAPACITY_SUFFICIENT = "CapacitySufficient"
+
+# FloorTooSmall
+FLOOR_RAISED = "FloorRaisedToOneRequest"  # the planner raised the floor to one p95 request
+FLOORS_HOLD_A_REQUEST = "FloorsHoldARequest"
 
 # MetricsUnavailable
 PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"  # connection error, timeout or HTTP error

@@ -1,55 +1,60 @@
-"""Estimate a request's KV reservation (prompt + output tokens, one slot per sequence).
+"""Estimate a request's KV reservation and budget charge from the engine's own rules.
 
-Why this module exists: admission reserves KV tokens *before* the engine sees the request,
-so the reservation must be known up front, be honest (an under-reservation overloads an
-engine, an over-reservation wastes capacity) and reject what can never run before any
-engine is touched.
+Why this module exists: admission reserves KV tokens and budgets charge tokens *before*
+the engine sees the request, so both must be known up front, must follow what the engine
+will actually run (a gateway stricter than vLLM breaks clients; one looser than vLLM lets a
+request shape generate more than it was charged for), and the few requests the engine
+would refuse must be refused before any engine is touched.
+
+**The engine's rules** (vLLM 0.32, ``get_max_tokens`` and the input processor):
+
+- a prompt of ``max_model_len`` tokens or more is refused (400), and so is a
+  ``max_tokens`` larger than ``max_model_len`` itself (400, whatever the prompt);
+- the output of each sequence is ``min(max_tokens, max_model_len - prompt)``: a
+  ``max_tokens`` past the room the prompt leaves is clamped to the context, not refused,
+  and an absent one means "up to the end of the context" (``max_model_len - prompt``);
+- ``/v1/completions`` without a ``max_tokens`` field generates at most 16 tokens (the
+  OpenAI default; the parser applies it, see :mod:`kvpool.gateway.request`); an explicit
+  ``null`` means the context bound;
+- a list of prompts on ``/v1/completions`` is served, each prompt its own sequence(s);
+  ``n`` sequences per prompt; ``max_tokens < 1`` or ``n < 1`` are refused (400).
+
+**The charge** is the most the engine can generate: per prompt ``p``, ``n x (p + min(
+max_tokens or room, room))``. Budgets charge it in full (so no request shape can generate
+more than it was charged for); the gateway also sets ``max_tokens`` on the upstream
+request to the per-sequence bound (:attr:`Estimate.output_limit`), so an inexact prompt
+count (the byte fallback, or a tokenizer that differs from the engine's) cannot open the
+gap either.
+
+**The KV reservation** is what admission holds (:attr:`Estimate.tokens`/``slots``): the
+charge, capped at one replica (a request larger than a replica still runs on the engine,
+which preempts and resumes sequences; it then simply takes a whole replica, so the
+gateway is no stricter than the engine). Admission may later reserve less than the bound
+(a learned output quantile, see :mod:`kvpool.domain.admission`) - the charge never shrinks.
 
 **Input tokens.** When the I/O layer has the pool's tokenizer it passes the exact count
-(``prompt_tokens``, after the chat template). Otherwise the fallback estimate is
-``ceil(utf8_bytes / FALLBACK_BYTES_PER_TOKEN) + FALLBACK_TOKENS_PER_MESSAGE * messages``
-with 3 bytes a token: BPE tokenizers average ~4 bytes a token on English text and ~2-3 on
-code or other scripts, so 3 leans towards over-reservation (safe) without doubling it;
-the per-message term covers chat-template markup. The estimate is flagged
-(``Estimate.estimated``) so the server can count it in metrics. Because an estimate can be
-wrong both ways, a length rejection based on it uses a *lower bound*,
-``ceil(utf8_bytes / FALLBACK_MAX_BYTES_PER_TOKEN)`` (8 bytes a token): only a prompt that
-is too long even then is rejected; otherwise the engine has the final word.
+(after the chat template). Otherwise the fallback estimate is ``ceil(utf8_bytes / 3) +
+8 * messages``: BPE tokenizers average ~4 bytes a token on English text and ~2-3 on code or
+other scripts, so 3 leans towards over-reservation; the per-message term covers template
+markup. The estimate is flagged (``Estimate.estimated``). Because it can be wrong both
+ways, a length refusal based on it uses a *lower bound*, ``ceil(utf8_bytes / 8)``: only a
+prompt too long even then is refused; otherwise the engine has the final word.
 
-**Output reservation.** ``max_tokens`` is what the client may receive, so it is reserved
-in full - a request explicitly asking for more than the pool's output p95 is legitimate
-and is *not* capped (capping would under-reserve exactly the long requests that fill the
-KV cache). When ``max_tokens`` is absent, the engine may generate up to the remaining
-context; we reserve the pool's output p95 bounded by the remaining context (the settle at
-the end corrects the estimate-error metric; the ~5% of longer outputs are absorbed by the
-engine's own headroom).
+Worked example (maxModelLen 4096, one replica of 16384 tokens and 16 slots)::
 
-**Rejections (before touching an engine)**, with HTTP status suggestions:
-
-- ``max_tokens < 1``: 400 ``invalid_max_tokens``;
-- ``n < 1``: 400 ``invalid_n``;
-- prompt alone >= ``max_model_len``: 400 ``prompt_too_long`` (no room for one token);
-- prompt + ``max_tokens`` > ``max_model_len``: 400 ``context_length_exceeded`` (vLLM would
-  reject it the same way) - with an exact count; with an estimated count the output is
-  instead reserved as ``min(max_tokens, max_model_len - prompt)`` and not rejected;
-- the whole reservation (``n * (prompt + output)``) larger than one replica's KV tokens,
-  or ``n`` larger than one replica's slots: 413 ``too_large_for_replica``. This is the
-  documented bound on "unusually large outputs": a sequence cannot span replicas, so such
-  a request could never start. (Fitting the *pool plan* is admission's job.)
-
-Worked example (maxModelLen 4096, output p95 512, 16384 tokens per replica)::
-
-    exact 1000 prompt, max_tokens 300      -> Estimate(1000, 300)  tokens 1300
-    exact 1000 prompt, max_tokens None     -> Estimate(1000, 512)  (p95 default)
-    exact 3900 prompt, max_tokens None     -> Estimate(3900, 196)  (context bounded)
-    exact 1000 prompt, max_tokens 2000     -> Estimate(1000, 2000) (above p95: legitimate)
-    exact 1000 prompt, max_tokens 3500     -> EstimateRejected 400 context_length_exceeded
-    9000 bytes, no tokenizer, max 200      -> Estimate(3000, 200, estimated=True)
-    exact 100 prompt, max 400, n 64        -> EstimateRejected 413 (64 x 500 > 16384)
+    exact 1000 prompt, max_tokens 300      -> charge 1300, reserve 1300
+    exact 1000 prompt, max_tokens None     -> output bound 3096 (to the context)
+    exact 1000 prompt, max_tokens 3500     -> output bound 3096 (clamped like vLLM, no 400)
+    exact 10 prompt, max_tokens 5000       -> EstimateRejected 400 max_tokens_too_large
+    prompts [100, 3000], max_tokens 2000   -> outputs 2000 + 1096, charge 6196, 2 slots
+    exact 1000 prompt, max_tokens 4000, n 8 -> charge 32768, reserve 16384 (one replica)
+    exact 4096 prompt                      -> EstimateRejected 400 prompt_too_long
+    9000 bytes, no tokenizer, max 200      -> prompt ~3000 (estimated), output 200
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,46 +64,62 @@ FALLBACK_BYTES_PER_TOKEN = 3
 FALLBACK_TOKENS_PER_MESSAGE = 8
 FALLBACK_MAX_BYTES_PER_TOKEN = 8
 
-BAD_REQUEST = 400
-PAYLOAD_TOO_LARGE = 413
-
 REASON_INVALID_MAX_TOKENS = "invalid_max_tokens"
 REASON_INVALID_N = "invalid_n"
 REASON_PROMPT_TOO_LONG = "prompt_too_long"
-REASON_CONTEXT_LENGTH = "context_length_exceeded"
-REASON_TOO_LARGE = "too_large_for_replica"
+REASON_MAX_TOKENS_TOO_LARGE = "max_tokens_too_large"
 
-OutputSource = Literal["max_tokens", "p95_default", "context_bounded"]
+OutputSource = Literal["max_tokens", "context_bounded"]
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    """One prompt's size: the exact token count when known, else its UTF-8 length."""
+
+    tokens: int | None  # exact count (tokenizer, chat template applied), or None
+    utf8_bytes: int = 0  # UTF-8 length of the prompt text (all message contents for chat)
+    messages: int = 0  # chat messages (0 for completions)
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A request's reservation. ``tokens``/``slots`` are what admission reserves."""
+    """A request's charge (what the engine can generate) and KV reservation.
 
-    prompt_tokens: int  # per sequence (exact or fallback estimate)
-    output_tokens: int  # reserved output tokens per sequence
-    sequences: int = 1  # the OpenAI ``n``: one slot each
-    estimated: bool = False  # True when prompt_tokens is the byte-based fallback
-    output_source: OutputSource = "max_tokens"  # where output_tokens came from
+    ``prompt_tokens``/``output_tokens`` are totals over all sequences; ``tokens`` and
+    ``slots`` are what admission reserves; ``charge_tokens`` what budgets charge.
+    """
+
+    prompt_tokens: int  # prompt tokens held by all sequences (n per prompt)
+    output_tokens: int  # the engine's output bound, summed over all sequences
+    sequences: int = 1  # prompts x n: one slot each
+    estimated: bool = False  # True when a prompt count is the byte-based fallback
+    output_source: OutputSource = "max_tokens"  # context_bounded: the context clamps it
+    output_limit: int = 0  # per-sequence max_tokens to set upstream (0: not computed)
+    reserve_tokens: int | None = None  # KV reservation when below the charge (None: charge)
+    reserve_slots: int | None = None  # slots when capped at one replica (None: sequences)
+
+    @property
+    def charge_tokens(self) -> int:
+        """Tokens the budget charges at admission: prompt + everything the engine may generate."""
+        return self.prompt_tokens + self.output_tokens
 
     @property
     def tokens(self) -> int:
-        """KV tokens to reserve: every sequence holds its prompt and its output."""
-        return self.sequences * (self.prompt_tokens + self.output_tokens)
+        """KV tokens to reserve."""
+        return self.charge_tokens if self.reserve_tokens is None else self.reserve_tokens
 
     @property
     def slots(self) -> int:
-        """Running-batch places: one per sequence."""
-        return self.sequences
+        """Running-batch places to reserve: one per sequence, at most one replica's."""
+        return self.sequences if self.reserve_slots is None else self.reserve_slots
 
 
 @dataclass(frozen=True)
 class EstimateRejected:
-    """The request can never run as sent; answer ``http_status`` with ``message``."""
+    """The engine would refuse the request as sent (the gateway answers 400 for each reason)."""
 
     reason: str  # constant (REASON_*) for metrics and the JSON error code
     message: str  # client-facing explanation with the numbers
-    http_status: int  # 400 or 413
 
 
 EstimateVerdict = Estimate | EstimateRejected
@@ -129,75 +150,86 @@ def prompt_tokens_lower_bound(utf8_bytes: int) -> int:
 def decide_estimate(
     pool: CompiledPool,
     *,
-    prompt_tokens: int | None,
-    prompt_utf8_bytes: int,
+    prompt_tokens: int | None = None,
+    prompt_utf8_bytes: int = 0,
     messages: int = 0,
     max_tokens: int | None = None,
     n: int = 1,
+    prompts: Sequence[PromptSize] | None = None,
 ) -> EstimateVerdict:
-    """The reservation of one request against ``pool``; see the module docstring.
+    """The charge and reservation of one request against ``pool``; see the module docstring.
 
-    ``prompt_tokens`` is the exact count from the pool's tokenizer (chat template applied)
-    or None; ``prompt_utf8_bytes`` the UTF-8 length of the prompt text (all message
-    contents for chat); ``messages`` the number of chat messages (0 for completions);
-    ``max_tokens`` the client's ``max_tokens``/``max_completion_tokens`` (None if absent);
-    ``n`` the number of sequences. Type checks (ints, not bools) are the server's job.
+    One prompt is given by ``prompt_tokens`` (exact count or None), ``prompt_utf8_bytes``
+    and ``messages``; several (a list of prompts on /v1/completions) by ``prompts``.
+    ``max_tokens`` is the effective output limit the engine will see (None: up to the
+    context); ``n`` the sequences per prompt. Type checks are the parser's job.
     """
     if max_tokens is not None and max_tokens < 1:
         return EstimateRejected(
-            REASON_INVALID_MAX_TOKENS, f"max_tokens must be >= 1, got {max_tokens}", BAD_REQUEST
+            REASON_INVALID_MAX_TOKENS, f"max_tokens must be >= 1, got {max_tokens}"
         )
     if n < 1:
-        return EstimateRejected(REASON_INVALID_N, f"n must be >= 1, got {n}", BAD_REQUEST)
-    limit = pool.max_model_len
-    estimated = prompt_tokens is None
-    if prompt_tokens is None:
-        prompt = estimate_prompt_tokens(prompt_utf8_bytes, messages)
-        certain = prompt_tokens_lower_bound(prompt_utf8_bytes)
-    else:
-        prompt = certain = max(0, prompt_tokens)
-    if certain >= limit:
+        return EstimateRejected(REASON_INVALID_N, f"n must be >= 1, got {n}")
+    if max_tokens is not None and max_tokens > pool.max_model_len:
         return EstimateRejected(
-            REASON_PROMPT_TOO_LONG,
-            f"the prompt has {'at least ' if estimated else ''}{certain} tokens; "
-            f"this model's maximum context length is {limit} tokens",
-            BAD_REQUEST,
+            REASON_MAX_TOKENS_TOO_LARGE,
+            f"max_tokens={max_tokens} cannot be greater than this model's maximum context "
+            f"length of {pool.max_model_len} tokens",
         )
-    # An estimated prompt may exceed the limit while its lower bound does not: keep at least
-    # one output token and let the engine judge the real length.
-    prompt = min(prompt, limit - 1)
-    room = limit - prompt
-    source: OutputSource
-    if max_tokens is None:
-        output = min(pool.output_tokens_p95, room)
-        source = "p95_default" if output == pool.output_tokens_p95 else "context_bounded"
-    elif max_tokens <= room:
-        output, source = max_tokens, "max_tokens"
-    elif estimated:
-        output, source = room, "context_bounded"
-    else:
-        return EstimateRejected(
-            REASON_CONTEXT_LENGTH,
-            f"this model's maximum context length is {limit} tokens; the prompt has "
-            f"{prompt} tokens and max_tokens asks for {max_tokens} more",
-            BAD_REQUEST,
-        )
-    output = max(1, output)
-    estimate = Estimate(
-        prompt_tokens=prompt,
-        output_tokens=output,
-        sequences=n,
-        estimated=estimated,
-        output_source=source,
+    sizes = (
+        list(prompts)
+        if prompts is not None
+        else [PromptSize(prompt_tokens, prompt_utf8_bytes, messages)]
     )
-    if pool.tokens_per_replica <= 0 or pool.slots_per_replica <= 0:
-        return estimate  # no capacity figure: admission answers (503 no plan)
-    if estimate.tokens > pool.tokens_per_replica or n > pool.slots_per_replica:
-        return EstimateRejected(
-            REASON_TOO_LARGE,
-            f"the request needs {estimate.tokens} KV tokens and {n} sequence slot(s); one "
-            f"replica of this model holds {pool.tokens_per_replica} tokens and "
-            f"{pool.slots_per_replica} sequences: lower max_tokens, n or the prompt",
-            PAYLOAD_TOO_LARGE,
+    limit = pool.max_model_len
+    total_prompt = total_output = 0
+    estimated = False
+    clamped = False
+    widest = 1  # the largest per-sequence output bound (the upstream max_tokens)
+    for index, size in enumerate(sizes):
+        if size.tokens is None:
+            estimated = True
+            prompt = estimate_prompt_tokens(size.utf8_bytes, size.messages)
+            certain = prompt_tokens_lower_bound(size.utf8_bytes)
+        else:
+            prompt = certain = max(0, size.tokens)
+        if certain >= limit:
+            which = f"prompt {index} " if len(sizes) > 1 else "prompt "
+            return EstimateRejected(
+                REASON_PROMPT_TOO_LONG,
+                f"this model's maximum context length is {limit} tokens; the {which}has "
+                f"{'at least ' if size.tokens is None else ''}{certain} tokens, which leaves "
+                "no room for one output token",
+            )
+        # an estimated prompt may exceed the limit while its lower bound does not: keep one
+        # output token and let the engine judge the real length
+        prompt = min(prompt, limit - 1)
+        room = limit - prompt
+        output = room if max_tokens is None or max_tokens >= room else max_tokens
+        clamped = clamped or (output == room and (max_tokens is None or max_tokens > room))
+        widest = max(widest, output)
+        total_prompt += n * prompt
+        total_output += n * output
+    sequences = n * len(sizes)
+    estimate = Estimate(
+        prompt_tokens=total_prompt,
+        output_tokens=total_output,
+        sequences=sequences,
+        estimated=estimated,
+        output_source="context_bounded" if clamped else "max_tokens",
+        output_limit=widest,
+    )
+    cap_t, cap_s = pool.tokens_per_replica, pool.slots_per_replica
+    if cap_t > 0 and cap_s > 0 and (estimate.tokens > cap_t or sequences > cap_s):
+        # the engine serves it (preempting its own sequences); it takes a whole replica
+        return Estimate(
+            prompt_tokens=total_prompt,
+            output_tokens=total_output,
+            sequences=sequences,
+            estimated=estimated,
+            output_source=estimate.output_source,
+            output_limit=widest,
+            reserve_tokens=cap_t if estimate.tokens > cap_t else None,
+            reserve_slots=cap_s if sequences > cap_s else None,
         )
     return estimate

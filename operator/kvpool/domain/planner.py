@@ -20,10 +20,23 @@ ceil(60 * 120 / (58 * 50)) = ceil(2.48) = 3 replicas.
 
 When ``maxReplicas`` clamps R below what a tier's peak needs, the plan marks that tier
 capacity-short: the answer is more capacity, never a smaller reservation.
+
+**No floor below one request.** A tier with ``floorPercent > 0`` gets at least one p95
+request (prompt p95 + output p95 tokens) and one slot: a percentage that rounds lower
+would let the tier's requests start only on borrowed capacity, which a busier tier of
+higher priority always wins (the tier starves). The raise is taken from the shared
+remainder first, then from the floors of other tiers above their own minimum, lowest
+priority first; the plan warns (``PoolPlan.small_floors`` names the tiers, and the
+ModelPool gets ``FloorTooSmall=True``). Worked example (one replica of 2,048 KV tokens at
+90 %, 8 sequences, p95 request 128 + 64 = 192 tokens): floors 50/30/10 % are interactive
+921 tokens / 4 slots, batch 552 / 2, eval 184 / 0 -> eval is raised to 192 / 1, taken from
+the shared remainder (186 -> 178 tokens, 2 -> 1 slot). With floors 60/39/1 % the shared
+remainder is too small: eval's 192 tokens take 172 from batch (718 -> 546).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,6 +82,7 @@ class PoolPlan:
     shared_tokens: int  # tokens no tier reserves; go to waiting requests by priority
     shared_slots: int  # slots no tier reserves
     warnings: tuple[str, ...]  # capacity-short and similar, for humans
+    small_floors: tuple[str, ...] = ()  # tiers whose floor% held less than one p95 request
 
     @property
     def capacity_short(self) -> bool:
@@ -185,11 +199,16 @@ def plan_pool(
     wanted = max(required.values(), default=capacity.min_replicas)
     replicas = min(max(wanted, capacity.min_replicas), capacity.max_replicas)
 
+    total_tokens, total_slots = replicas * usable, replicas * live
+    floors_t, floors_s, small, warnings = plan_floors(
+        [(t.name, t.floor_percent) for t in tier_policy.spec.tiers],
+        total_tokens,
+        total_slots,
+        sequence_tokens,
+    )
     allocations: list[TierAllocationPlan] = []
-    warnings: list[str] = []
     for tier in tier_policy.spec.tiers:
-        floor_tokens = replicas * usable * tier.floor_percent // 100
-        floor_slots = replicas * live * tier.floor_percent // 100
+        floor_tokens, floor_slots = floors_t[tier.name], floors_s[tier.name]
         needed = required.get(tier.name)
         short = needed is not None and needed > capacity.max_replicas
         if short:
@@ -212,7 +231,6 @@ def plan_pool(
             )
         )
 
-    total_tokens, total_slots = replicas * usable, replicas * live
     return PoolPlan(
         replicas=replicas,
         kv_tokens_per_replica=kv,
@@ -225,4 +243,50 @@ def plan_pool(
         shared_tokens=total_tokens - sum(a.floor_tokens for a in allocations),
         shared_slots=total_slots - sum(a.floor_slots for a in allocations),
         warnings=tuple(warnings),
+        small_floors=tuple(small),
     )
+
+
+def plan_floors(
+    tiers: Sequence[tuple[str, int]], total_tokens: int, total_slots: int, one_request: int
+) -> tuple[dict[str, int], dict[str, int], list[str], list[str]]:
+    """Per-tier floors (tokens, slots) of ``(name, floorPercent)`` tiers in priority order:
+    the percentages, each non-zero one raised to at least one p95 request (``one_request``
+    tokens) and one slot, the raise taken from the shared remainder and then from other
+    tiers' floors above their minimum, lowest priority first. Returns the floors, the
+    raised tiers and the warnings."""
+    floors_t = {name: total_tokens * pct // 100 for name, pct in tiers}
+    floors_s = {name: total_slots * pct // 100 for name, pct in tiers}
+    small: list[str] = []
+    warnings: list[str] = []
+    if total_tokens <= 0 or total_slots <= 0:
+        return floors_t, floors_s, small, warnings  # no warm replica: nothing to guarantee
+    for name, pct in tiers:
+        if pct > 0 and (floors_t[name] < one_request or floors_s[name] < 1):
+            small.append(name)
+            warnings.append(
+                f"floor of tier {name!r} ({pct}% = {floors_t[name]} tokens, "
+                f"{floors_s[name]} slots) holds less than one p95 request ({one_request} "
+                "tokens, 1 slot): raised to one request"
+            )
+            floors_t[name] = max(floors_t[name], one_request)
+            floors_s[name] = max(floors_s[name], 1)
+    dims = ((floors_t, total_tokens, one_request, "tokens"), (floors_s, total_slots, 1, "slots"))
+    for floors, total, minimum, unit in dims:
+        excess = sum(floors.values()) - total
+        for name, pct in reversed(tiers):  # other floors above their minimum, lowest first
+            if excess > 0 and name not in small and pct > 0:
+                give = min(excess, max(0, floors[name] - minimum))
+                floors[name] -= give
+                excess -= give
+        for name, _ in reversed(tiers):  # still too much: the lowest raised tiers lose it
+            if excess > 0 and name in small:
+                give = min(excess, floors[name])
+                floors[name] -= give
+                excess -= give
+                warnings.append(
+                    f"the pool's {total} {unit} cannot give every floor one p95 request: "
+                    f"tier {name!r} keeps {floors[name]} {unit}; add replicas or remove "
+                    "a floor"
+                )
+    return floors_t, floors_s, small, warnings

@@ -134,6 +134,19 @@ def build_pool_status(
         now,
     )
 
+    small = plan.small_floors if plan is not None else ()
+    conds = c.set_condition(
+        conds,
+        c.FLOOR_TOO_SMALL,
+        "True" if small else "False",
+        c.FLOOR_RAISED if small else c.FLOORS_HOLD_A_REQUEST,
+        "; ".join(w for w in plan.warnings if any(repr(t) in w for t in small))
+        if plan is not None and small
+        else "",
+        gen,
+        now,
+    )
+
     m_status, m_reason = _metrics_condition(obs.metrics)
     conds = c.set_condition(
         conds, c.METRICS_UNAVAILABLE, m_status, m_reason, obs.metrics_message, gen, now

@@ -2,7 +2,7 @@
 
 Every answer the gateway makes itself (never the engine's own body) is
 ``{"error": {"message", "type", "code", "param"}}`` with the matching status and, for
-retryable ones, a ``Retry-After`` header (whole seconds, at least 1).
+retryable ones (429, and every 503), a ``Retry-After`` header (whole seconds, at least 1).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ RATE_LIMIT = "rate_limit_error"
 OVERLOADED = "overloaded_error"
 UPSTREAM = "upstream_error"
 SERVER = "server_error"
+
+DEFAULT_RETRY_AFTER = 1.0  # seconds, for a 503 whose cause gives no better figure
 
 
 @dataclass(eq=False)
@@ -52,10 +54,14 @@ class GatewayError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        """Extra headers (Retry-After)."""
-        if self.retry_after is None:
+        """Extra headers: Retry-After when the error is retryable. Every 503 carries one
+        (``DEFAULT_RETRY_AFTER`` when the cause gives no better figure)."""
+        retry_after = self.retry_after
+        if retry_after is None and self.status == 503:
+            retry_after = DEFAULT_RETRY_AFTER
+        if retry_after is None:
             return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+        return {"Retry-After": str(max(1, math.ceil(retry_after)))}
 
     def response(self) -> web.Response:
         """The aiohttp response."""

@@ -25,12 +25,14 @@ from typing import Any
 
 from aiohttp import web
 
-from kvpool.adapters.budget_store import (
+from kvpool.adapters.budget import (
     BudgetStore,
+    FailoverBudgetStore,
+    FailoverPolicy,
     InMemoryBudgetStore,
     RedisBudgetStore,
-    RedisDownPolicy,
 )
+from kvpool.adapters.budget.redis import DEFAULT_TIMEOUT
 from kvpool.adapters.config_source import (
     ConfigError,
     ConfigMapSource,
@@ -38,6 +40,7 @@ from kvpool.adapters.config_source import (
     KubeAccess,
 )
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.http import GatewayRunner
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
 
@@ -62,14 +65,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
     )
     parser.add_argument(
-        "--redis-timeout", type=float, default=0.005, help="seconds per Redis call (default 0.005)"
+        "--metrics-listen",
+        default="0.0.0.0:8081",
+        metavar="ADDR",
+        help="HOST:PORT serving /metrics, apart from the API (default 0.0.0.0:8081; '' = off)",
+    )
+    parser.add_argument(
+        "--metrics-on-api-port",
+        action="store_true",
+        help="also serve /metrics on the API port (it names tenants and their usage)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="close a connection whose request head is not complete within this many "
+        "seconds of connecting or of the previous answer; also the idle keep-alive "
+        "(default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to receive a whole request body, else 408 (default 30)",
+    )
+    parser.add_argument(
+        "--redis-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per Redis call, incl. waiting for a pooled connection "
+        f"(default {DEFAULT_TIMEOUT:g}; a healthy Redis meets it under a 200-request burst)",
+    )
+    parser.add_argument(
+        "--redis-failure-threshold",
+        type=int,
+        default=3,
+        help="consecutive failed Redis calls that open the circuit breaker (default 3)",
     )
     parser.add_argument(
         "--fail-closed-tier",
         action="append",
         default=[],
         metavar="TIER",
-        help="while Redis is down, answer 503 for this tier (repeatable; default: fail open)",
+        help=(
+            "while Redis is down, answer 503 for this tier unless its TierPolicy declares "
+            "budgetUnavailable (repeatable; default: Allow with the local allowance)"
+        ),
     )
     parser.add_argument(
         "--local-budget-fraction",
@@ -88,7 +129,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
-    parser.add_argument("--upstream-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--upstream-first-token-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a stream may wait for its first token (default 20)",
+    )
+    parser.add_argument(
+        "--upstream-idle-timeout",
+        type=float,
+        default=30.0,
+        help="longest pause between two chunks of a stream, seconds (default 30)",
+    )
+    parser.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=600.0,
+        help="seconds for a whole NON-streaming answer (default 600; a hung engine is "
+        "caught earlier by its health probes)",
+    )
+    parser.add_argument(
+        "--health-probe-interval",
+        type=float,
+        default=0.5,
+        help="seconds between /health probes of every replica; 0 disables (default 0.5)",
+    )
+    parser.add_argument(
+        "--health-probe-timeout",
+        type=float,
+        default=1.0,
+        help="a replica whose /health does not answer within this is ejected (default 1)",
+    )
     parser.add_argument(
         "--no-engine-priority",
         action="store_true",
@@ -109,15 +180,16 @@ def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStor
     """The budget store the options ask for."""
     if not args.redis:
         return InMemoryBudgetStore()
-    policy = RedisDownPolicy(
+    policy = FailoverPolicy(
         fail_closed_tiers=frozenset(args.fail_closed_tier),
         local_fraction=args.local_budget_fraction,
+        failure_threshold=args.redis_failure_threshold,
     )
-    return RedisBudgetStore(
-        args.redis,
-        timeout=args.redis_timeout,
-        policy=policy,
+    return FailoverBudgetStore(
+        RedisBudgetStore(args.redis, timeout=args.redis_timeout),
+        policy,
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
+        on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
     )
 
 
@@ -139,21 +211,35 @@ async def serve(args: argparse.Namespace) -> int:
     settings = GatewaySettings(
         max_body_bytes=args.max_body_bytes,
         upstream_timeout=args.upstream_timeout,
+        upstream_first_token_timeout=args.upstream_first_token_timeout,
+        upstream_idle_timeout=args.upstream_idle_timeout,
+        health_probe_interval=args.health_probe_interval,
+        health_probe_timeout=args.health_probe_timeout,
         set_engine_priority=not args.no_engine_priority,
         access_log=not args.no_access_log,
         plan_share_percent=args.plan_share,
+        body_timeout=args.body_timeout,
+        metrics_on_api_port=args.metrics_on_api_port,
     )
     gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
-    runner = web.AppRunner(
+    runner = GatewayRunner(
         gateway.app(),
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=args.shutdown_timeout,
+        keepalive_timeout=args.header_timeout,
     )
     await runner.setup()
     host, port = _listen(args.listen)
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
+    metrics_runner: web.AppRunner | None = None
+    if args.metrics_listen:
+        metrics_runner = web.AppRunner(gateway.metrics_app(), access_log=None)
+        await metrics_runner.setup()
+        metrics_host, metrics_port = _listen(args.metrics_listen)
+        await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
+        log.info("metrics on %s:%d", metrics_host, metrics_port)
     log.info(
         "kvpool gateway on %s:%d: %d pools, %d tenants, budgets in %s",
         host,
@@ -174,6 +260,8 @@ async def serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
     return 0
 
 

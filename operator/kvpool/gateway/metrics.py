@@ -15,14 +15,29 @@ Series (all prefixed ``kvpool_gateway_``):
   floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
 - ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
 - ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
+- ``tenant_budget_limit_tokens{tenant,window}`` gauge: that window's limit (alerts divide);
+- ``bound_tokens_total{pool}``: prompt + the engine's output bound (the budget charge) per
+  completed request; ``actual_tokens_total`` never exceeds it;
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
 - ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
+- ``tokenizer_fallback{pool}`` gauge: 1 while the pool has no loadable tokenizer (no
+  ``tokenizerPath``, or nothing readable there) and prompts are counted by the byte estimate;
 - ``redis_errors_total{op}``: budget store calls that failed or timed out;
 - ``budget_fallback_total{tier,result}``: budget verdicts made while Redis was down;
 - ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
 - ``requests_total{route,code}``, ``in_flight`` gauge, ``preempt_admissions_total{pool}``;
-- ``config_reloads_total{result}`` and ``config_info{namespace,generated_at}``.
+- ``config_reloads_total{result}`` and ``config_info{namespace,generated_at}``;
+- ``tier_ttft_seconds{pool,tier}`` histogram: time to first token of streamed requests as
+  the gateway sees it (arrival to the first content chunk, queueing included);
+- ``tier_ttft_p95_seconds{pool,tier}`` / ``tier_ttft_target_seconds{pool,tier}``: the TTFT
+  limiter's p95 at its last decision and the tier's ``ttftP95Target``;
+- ``lent_limit{pool,tier}``: requests of lower tiers allowed on borrowed capacity (limiter);
+- ``overcommit_ratio{pool,tier}``: fraction of its learned output a tier's request reserves
+  (1 = no overcommit; the top tier is always 1);
+- ``engine_kv_usage{pool,replica}``, ``engine_preemptions_total{pool}``,
+  ``borrowing_paused{pool}`` and ``engine_poll_errors_total{pool}``: what the engines'
+  own ``/metrics`` said at the last poll, and whether borrowing is paused because of it.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ from prometheus_client.registry import Collector
 from kvpool.domain.admission import AdmissionSnapshot
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ERROR_BUCKETS = (-1024, -256, -64, -16, 0, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
@@ -123,12 +139,25 @@ class GatewayMetrics:
             ["tenant", "window"],
             registry=r,
         )
+        self.budget_limit = Gauge(
+            p + "tenant_budget_limit_tokens",
+            "The token limit of the tenant's budget window (set with budget_used_tokens).",
+            ["tenant", "window"],
+            registry=r,
+        )
         self.reserved_tokens = Counter(
             p + "reserved_tokens", "KV tokens reserved by completed requests.", ["pool"], registry=r
         )
         self.actual_tokens = Counter(
             p + "actual_tokens",
             "Tokens completed requests really used (prompt + output).",
+            ["pool"],
+            registry=r,
+        )
+        self.bound_tokens = Counter(
+            p + "bound_tokens",
+            "Prompt + the most the engine may generate (what budgets are charged at admission), "
+            "of completed requests.",
             ["pool"],
             registry=r,
         )
@@ -143,6 +172,12 @@ class GatewayMetrics:
             p + "estimates",
             "Prompt token counts by method: tokenizer (exact) or fallback (bytes).",
             ["pool", "method"],
+            registry=r,
+        )
+        self.tokenizer_fallback = Gauge(
+            p + "tokenizer_fallback",
+            "1 while the pool has no loadable tokenizer (prompts use the byte estimate).",
+            ["pool"],
             registry=r,
         )
         self.redis_errors = Counter(
@@ -170,6 +205,61 @@ class GatewayMetrics:
         self.preempt_admissions = Counter(
             p + "preempt_admissions",
             "Admissions that rely on the engine preempting borrowers (Reclaim: Preempt).",
+            ["pool"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            p + "tier_ttft_seconds",
+            "Time to first token of streamed requests, measured by the gateway.",
+            ["pool", "tier"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.ttft_p95 = Gauge(
+            p + "tier_ttft_p95_seconds",
+            "The TTFT limiter's p95 at its last decision.",
+            ["pool", "tier"],
+            registry=r,
+        )
+        self.ttft_target = Gauge(
+            p + "tier_ttft_target_seconds",
+            "The tier's ttftP95Target.",
+            ["pool", "tier"],
+            registry=r,
+        )
+        self.lent_limit = Gauge(
+            p + "lent_limit",
+            "Requests of lower tiers allowed to run on borrowed capacity (TTFT limiter).",
+            ["pool", "tier"],
+            registry=r,
+        )
+        self.overcommit_ratio = Gauge(
+            p + "overcommit_ratio",
+            "Fraction of its learned output a request of the tier reserves (1: no overcommit).",
+            ["pool", "tier"],
+            registry=r,
+        )
+        self.engine_kv_usage = Gauge(
+            p + "engine_kv_usage",
+            "vllm:kv_cache_usage_perc of each replica at the last poll (0..1).",
+            ["pool", "replica"],
+            registry=r,
+        )
+        self.engine_preemptions = Counter(
+            p + "engine_preemptions",
+            "Preemptions the engines reported (vllm:num_preemptions_total increases).",
+            ["pool"],
+            registry=r,
+        )
+        self.borrowing_paused = Gauge(
+            p + "borrowing_paused",
+            "1 while borrowing is paused because measured KV usage is near the target.",
+            ["pool"],
+            registry=r,
+        )
+        self.engine_poll_errors = Counter(
+            p + "engine_poll_errors",
+            "Engine /metrics polls that failed (no answer, not 200, unparsable).",
             ["pool"],
             registry=r,
         )

@@ -4,8 +4,8 @@ Why this module exists: :class:`kvpool.domain.admission.AdmissionController` is 
 gets ``now`` and returns verdicts). Something has to turn its ``Queue`` verdict into a
 future the request handler awaits, resolve those futures from the :class:`Wakeups` every
 mutator returns, call ``expire`` when the earliest queued deadline comes, and take a
-replica out of routing for a few seconds when it refuses connections. That is this class;
-it holds no policy of its own.
+replica out of routing while outlier ejection (:mod:`kvpool.gateway.ejection`) says so.
+That is this class; it holds no policy of its own.
 
 Per-track admission: during a rollout the pool has a stable and a canary track, and each
 track admits against what *it* holds - one controller per track, each built from
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
 from kvpool.domain.admission import (
@@ -50,18 +50,16 @@ class PoolRuntime:
         pool: CompiledPool,
         tiers: Sequence[CompiledTier],
         metrics: GatewayMetrics,
-        replica_retry_seconds: float = 2.0,
     ) -> None:
         self.pool = pool
         self.controllers: dict[str, AdmissionController] = {}
         self._reserved: dict[str, str] = {}  # reservation id -> track
         self._build_controllers(pool, tiers)
         self.metrics = metrics
-        self.replica_retry_seconds = replica_retry_seconds
         self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at: float | None = None
-        self._down: dict[str, asyncio.TimerHandle] = {}
+        self._ejected: set[str] = set()  # replicas out of routing (outlier ejection)
 
     @staticmethod
     def now() -> float:
@@ -161,7 +159,34 @@ class PoolRuntime:
                 self.controllers[track] = AdmissionController(view, tiers)
             else:
                 self._apply(controller.reconfigure(view, tiers, self.now()), track)
+        for name in self._ejected:  # a new config does not bring an ejected replica back
+            for track, controller in list(self.controllers.items()):
+                self._apply(controller.set_replica_ready(name, False, self.now()), track)
         self._drop_retired()
+
+    def _each(self, call: Callable[[AdmissionController], Wakeups]) -> None:
+        """Apply one mutation to every track's controller."""
+        for track, controller in list(self.controllers.items()):
+            self._apply(call(controller), track)
+
+    def set_borrowing_paused(self, paused: bool) -> None:
+        """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
+        self._each(lambda c: c.set_borrowing_paused(paused, self.now()))
+
+    def set_lent_limit(self, tier: str, limit: int | None) -> None:
+        """Limit the requests of tiers below ``tier`` running on borrowed capacity."""
+        self._each(lambda c: c.set_lent_limit(tier, limit, self.now()))
+
+    def set_replica_ejected(self, name: str, ejected: bool) -> None:
+        """Take a replica out of routing, or put it back if the config lists it ready
+        (outlier ejection decides when: :mod:`kvpool.gateway.ejection`)."""
+        if ejected:
+            self._ejected.add(name)
+            self._each(lambda c: c.set_replica_ready(name, False, self.now()))
+            return
+        self._ejected.discard(name)
+        if any(e.ready and e.name == name for t in self.pool.tracks for e in t.endpoints):
+            self._each(lambda c: c.set_replica_ready(name, True, self.now()))
 
     def _retired_view(self, old: CompiledPool, track: str) -> CompiledPool:
         """The last view of a track that left the config, with no ready endpoint."""
@@ -180,30 +205,6 @@ class PoolRuntime:
             if not busy and self.controllers[track].next_deadline() is None:
                 del self.controllers[track]
 
-    def mark_replica_down(self, name: str) -> None:
-        """Route nothing to ``name`` for ``replica_retry_seconds`` (it refused a connection)."""
-        if name in self._down:
-            return
-        log.warning(
-            "replica %s of pool %s unreachable; not routing to it for %.1fs",
-            name,
-            self.pool.name,
-            self.replica_retry_seconds,
-        )
-        for track, controller in list(self.controllers.items()):
-            self._apply(controller.set_replica_ready(name, False, self.now()), track)
-        loop = asyncio.get_running_loop()
-        self._down[name] = loop.call_later(self.replica_retry_seconds, self._replica_back, name)
-
-    def _replica_back(self, name: str) -> None:
-        self._down.pop(name, None)
-        ready = any(
-            e.ready and e.name == name for track in self.pool.tracks for e in track.endpoints
-        )
-        if ready:
-            for track, controller in list(self.controllers.items()):
-                self._apply(controller.set_replica_ready(name, True, self.now()), track)
-
     def close(self) -> None:
         """The pool left the config: reject whoever still waits; in-flight requests finish."""
         for request_id, future in list(self._waiters.items()):
@@ -215,14 +216,11 @@ class PoolRuntime:
                         outcome="rejected-capacity",
                         reason=REASON_POOL_REMOVED,
                         message=f"model pool {self.pool.name!r} was removed from the config",
-                        http_status=503,
                         retry_after_seconds=1.0,
                     )
                 )
-        for handle in [self._expiry, *self._down.values()]:
-            if handle is not None:
-                handle.cancel()
-        self._down.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
         self._expiry = None
 
     def snapshot(self) -> AdmissionSnapshot:

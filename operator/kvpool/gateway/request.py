@@ -13,10 +13,12 @@ order, each a 400 with a JSON error unless noted:
   floats) or null (``invalid_type``); their ranges are the estimate's business;
 - chat: ``messages`` is a non-empty list of objects with a string ``role``; a content is a
   string, a list of parts, or null;
-- completions: ``prompt`` is a string, or a list holding exactly one string or one list of
-  token ids, or a list of token ids. Several prompts in one request are refused
-  (``batched_prompts``): each would be a separate sequence the reservation cannot see;
-  send one request per prompt.
+- completions: ``prompt`` is a string, a list of token ids, or a non-empty list of strings
+  and/or lists of token ids (several prompts, as vLLM serves them: each prompt is its own
+  sequence(s), and the estimate reserves and charges each one);
+- ``max_tokens``: chat takes ``max_completion_tokens`` when set, else ``max_tokens`` (vLLM's
+  rule); completions *without* the field get the OpenAI/vLLM default of
+  :data:`COMPLETIONS_DEFAULT_MAX_TOKENS`, an explicit ``null`` means "up to the context".
 
 The caller's ``priority`` field is removed here (the tier decides the engine priority).
 """
@@ -32,6 +34,7 @@ from kvpool.gateway.errors import GatewayError
 Kind = Literal["chat", "completions"]
 
 CALLER_FIELDS_STRIPPED = ("priority",)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default (as OpenAI's)
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,11 @@ class ParsedRequest:
     include_usage: bool  # the caller asked for a usage chunk in the stream
     max_tokens: int | None
     n: int
-    prompt: Any  # completions prompt (str or token ids) or None
+    prompt: Any  # the first completions prompt (str or token ids) or None
     messages: list[dict[str, Any]] | None  # chat messages or None
     prompt_utf8_bytes: int  # UTF-8 length of the prompt text (all contents for chat)
+    prompts: tuple[Any, ...] = ()  # every completions prompt (one or more), () for chat
+    prompt_sizes: tuple[int, ...] = ()  # UTF-8 length of each of ``prompts``
 
 
 def _bad(code: str, message: str, param: str | None = None) -> GatewayError:
@@ -106,26 +111,28 @@ def _is_token_ids(value: Any) -> bool:
     )
 
 
-def _check_prompt(body: dict[str, Any]) -> tuple[Any, int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and not _is_token_ids(prompt):
-        prompt = prompt[0]  # a batch of one
+def _prompt_size(prompt: Any) -> int | None:
+    """The UTF-8 length of one prompt (token ids count 4 bytes each), None if not a prompt."""
     if isinstance(prompt, str):
-        return prompt, _utf8_len(prompt)
-    if isinstance(prompt, list) and _is_token_ids(prompt):
-        return prompt, 4 * len(prompt)
-    if (
-        isinstance(prompt, list)
-        and len(prompt) > 1
-        and all(isinstance(p, str) or _is_token_ids(p) for p in prompt)
-    ):
-        raise _bad(
-            "batched_prompts",
-            "several prompts in one request are not supported; send one request per prompt",
-            "prompt",
-        )
+        return _utf8_len(prompt)
+    if _is_token_ids(prompt):
+        return 4 * len(prompt)
+    return None
+
+
+def _check_prompt(body: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    prompt = body.get("prompt")
+    single = _prompt_size(prompt)
+    if single is not None:
+        return (prompt,), (single,)
+    if isinstance(prompt, list) and prompt:
+        sizes = [_prompt_size(p) for p in prompt]
+        if all(size is not None for size in sizes):
+            return tuple(prompt), tuple(size or 0 for size in sizes)
     raise _bad(
-        "invalid_prompt", "prompt must be a string or a list of token ids (one prompt)", "prompt"
+        "invalid_prompt",
+        "prompt must be a string, a list of token ids, or a non-empty list of those",
+        "prompt",
     )
 
 
@@ -159,13 +166,17 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     max_completion = _optional_int(body, "max_completion_tokens")  # type-checked everywhere
     if kind == "chat" and max_completion is not None:
         max_tokens = max_completion  # chat's newer name wins; completions do not know it
+    if kind == "completions" and "max_tokens" not in body:
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     n = _optional_int(body, "n")
     messages: list[dict[str, Any]] | None = None
-    prompt: Any = None
+    prompts: tuple[Any, ...] = ()
+    sizes: tuple[int, ...] = ()
     if kind == "chat":
         messages, prompt_bytes = _check_messages(body)
     else:
-        prompt, prompt_bytes = _check_prompt(body)
+        prompts, sizes = _check_prompt(body)
+        prompt_bytes = sum(sizes)
     for name in CALLER_FIELDS_STRIPPED:
         body.pop(name, None)
     return ParsedRequest(
@@ -176,7 +187,26 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
         include_usage=include_usage,
         max_tokens=max_tokens,
         n=1 if n is None else n,
-        prompt=prompt,
+        prompt=prompts[0] if prompts else None,
         messages=messages,
         prompt_utf8_bytes=prompt_bytes,
+        prompts=prompts,
+        prompt_sizes=sizes,
     )
+
+
+def bound_upstream_output(parsed: ParsedRequest, output_limit: int) -> dict[str, Any]:
+    """The body to send upstream with its output limited to what was charged.
+
+    The estimate charges ``min(max_tokens, max_model_len - prompt)`` per sequence from the
+    gateway's prompt count. The engine counts the prompt itself, so when the caller's limit
+    is absent or above the charged bound the gateway states the bound explicitly (chat:
+    ``max_completion_tokens``, which vLLM prefers over ``max_tokens``; completions:
+    ``max_tokens``). With an exact prompt count this changes nothing the engine would do;
+    with an inexact one it keeps "generated <= charged". Otherwise the body is unchanged.
+    """
+    if output_limit < 1 or (parsed.max_tokens is not None and parsed.max_tokens <= output_limit):
+        return parsed.body
+    body = dict(parsed.body)
+    body["max_completion_tokens" if parsed.kind == "chat" else "max_tokens"] = output_limit
+    return body

@@ -1,26 +1,14 @@
-"""The admission gateway: the request path from an API key to an engine and back.
+"""The admission gateway's HTTP side: handlers, lifecycle and config reload.
 
-Why this module exists: it is the orchestration of the steps of issue 4, each a pure
-decision in :mod:`kvpool.domain` with the I/O at the edges:
-
-1. authenticate: ``Authorization: Bearer <key>`` -> SHA-256 -> tenant. The lookup is by
-   digest and confirmed with a constant-time compare; a missing and an unknown key get
-   the same 401 body, so nobody learns whether a tenant exists;
-2. parse and check the body (:mod:`kvpool.gateway.request`; the caller's ``priority`` is
-   dropped), find the pool by ``model`` (404 if unknown);
-3. classify (``decide_tier``): tier from path, host and tenant labels; 403 if the tenant
-   may not use it;
-4. estimate (``decide_estimate``) with the pool's tokenizer when there is one;
-5. budget: charge the reservation (``BudgetStore.reserve``); over budget -> 429 with
-   ``Retry-After``, or, for ``overBudget: Demote`` tenants, the next lower tier the tenant
-   may use (``decide_demotion``; a demoted request is not charged - it runs at the lower
-   tier's priority and floor instead); Redis down and the tier fails closed -> 503;
-6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
-   :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
-   Queue -> wait; Reject -> 503/413 with ``Retry-After`` and the reason;
-7. proxy (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``;
-8. finally, always: release the reservation, settle the budget with the real usage (0 if
-   the engine did nothing), record metrics and one JSON access-log line.
+Why this module exists: it turns HTTP requests into calls of the request pipeline
+(:mod:`kvpool.gateway.pipeline`: authenticate, parse, classify, estimate, budget, admit,
+and the finish that releases, settles and records one ``Outcome``), proxies the admitted
+request to its engine (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority`` under first-token and
+idle timeouts (a replica that refuses, times out or fails its health probes is ejected
+from routing, :mod:`kvpool.gateway.ejection`),
+and answers every error in the OpenAI format (statuses from one table,
+:mod:`kvpool.gateway.outcomes`). Liveness, readiness and ``/v1/models`` are served here
+too; ``/metrics`` (tenant names and usage) on its own port (:meth:`Gateway.metrics_app`).
 
 :meth:`Gateway.admit` (steps 1-6) and :meth:`Gateway.finish` (step 8) are usable without
 HTTP, which is how the decision benchmark measures them.
@@ -33,61 +21,45 @@ controller (in-flight reservations are kept; pools that left have their waiters 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import itertools
-import json
 import logging
-import os
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from kvpool.adapters.budget_store import BudgetStore, BudgetUnavailable, InMemoryBudgetStore
+from kvpool.adapters.budget import BudgetStore
+from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.api.admission_config import (
-    AdmissionConfig,
-    CompiledPool,
-    CompiledTenant,
-    CompiledTier,
-    CompiledTierPolicy,
-)
-from kvpool.domain.admission import Admit, build_admission_request
-from kvpool.domain.budget import BudgetAllow, BudgetCharge, BudgetDeny, format_window
-from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
-from kvpool.domain.estimate import Estimate, EstimateRejected, decide_estimate
+from kvpool.api.admission_config import AdmissionConfig, CompiledPool, CompiledTier
+from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.partition import partition_pool
-from kvpool.domain.routing import NoTrack, decide_track
-from kvpool.gateway.errors import (
-    AUTHENTICATION,
-    NOT_FOUND,
-    OVERLOADED,
-    PERMISSION,
-    RATE_LIMIT,
-    SERVER,
-    GatewayError,
-)
+from kvpool.gateway.ejection import ReplicaEjector
+from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.pipeline import (
+    UNAUTHORIZED,
+    Admission,
+    ConfigIndex,
+    RequestPipeline,
+)
 from kvpool.gateway.pool_runtime import PoolRuntime
 from kvpool.gateway.proxy import (
     StreamBrokenError,
     UpstreamError,
-    UsageMeter,
+    UpstreamLimits,
     build_upstream_body,
     proxy_request,
 )
-from kvpool.gateway.request import Kind, ParsedRequest, parse_request
+from kvpool.gateway.request import Kind, bound_upstream_output
+
+__all__ = ["UNAUTHORIZED", "Admission", "ConfigIndex", "Gateway", "GatewaySettings"]
 
 log = logging.getLogger("kvpool.gateway")
-access_log = logging.getLogger("kvpool.access")
 
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-UNAUTHORIZED = GatewayError(401, "invalid_api_key", "invalid or missing API key", AUTHENTICATION)
 
 
 @dataclass(frozen=True)
@@ -96,61 +68,23 @@ class GatewaySettings:
 
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies: 413
     upstream_connect_timeout: float = 2.0  # seconds to connect to an engine
-    upstream_timeout: float = 600.0  # seconds for a whole engine answer
+    upstream_first_token_timeout: float = 20.0  # a stream's first token must come by then
+    upstream_idle_timeout: float = 30.0  # longest pause between two chunks of a stream
+    upstream_timeout: float = 600.0  # seconds for a whole non-streaming answer
     set_engine_priority: bool = True  # engines run --scheduling-policy priority
-    replica_retry_seconds: float = 2.0  # an unreachable replica rests this long
+    health_probe_interval: float = 0.5  # seconds between /health probes (0: no probes)
+    health_probe_timeout: float = 1.0  # a probe not answered by then is a failure
     access_log: bool = True
+    body_timeout: float = 30.0  # seconds to receive the whole body (then 408)
+    metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
+    learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
+    engine_poll_seconds: float = 0.25  # poll each replica's /metrics (0: never)
+    borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
 
 
-@dataclass(frozen=True)
-class ConfigIndex:
-    """One config, indexed for the request path. Immutable: replaced whole on reload."""
-
-    config: AdmissionConfig
-    tenants: dict[str, CompiledTenant]  # key sha256 hex -> tenant
-    pools: dict[str, CompiledPool]  # served name -> pool
-    policies: dict[str, CompiledTierPolicy]  # name -> policy
-
-    @classmethod
-    def build(cls, config: AdmissionConfig) -> ConfigIndex:
-        """Index a config."""
-        return cls(
-            config=config,
-            tenants={t.key_sha256: t for t in config.tenants},
-            pools={p.served_name: p for p in config.pools},
-            policies={p.name: p for p in config.tier_policies},
-        )
-
-    def tiers_of(self, pool: CompiledPool) -> list[CompiledTier]:
-        """The tiers of a pool's policy (empty if the policy is missing)."""
-        policy = self.policies.get(pool.tier_policy)
-        return list(policy.tiers) if policy is not None else []
-
-
-@dataclass
-class Admission:
-    """Everything :meth:`Gateway.finish` needs about an admitted request."""
-
-    request_id: str
-    tenant: CompiledTenant
-    pool: CompiledPool
-    tier: CompiledTier
-    estimate: Estimate
-    admit: Admit
-    runtime: PoolRuntime
-    charge: BudgetCharge | None
-    demoted: bool
-    started: float
-    meter: UsageMeter = field(default_factory=UsageMeter)
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-class Gateway:
-    """The gateway of one process: config, budgets, admission per pool, metrics."""
+class Gateway(RequestPipeline):
+    """The gateway of one process: config, budgets, admission per pool, metrics, HTTP."""
 
     def __init__(
         self,
@@ -162,20 +96,37 @@ class Gateway:
         tokenizers: TokenizerCache | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings = settings or GatewaySettings()
-        self.store = store
-        self.metrics = metrics or GatewayMetrics()
-        self.tokenizers = tokenizers or TokenizerCache()
-        self.wall_clock = wall_clock
-        self.index = ConfigIndex.build(config)
-        self.runtimes: dict[str, PoolRuntime] = {}
-        self._ids = itertools.count(1)
-        self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
+        super().__init__(
+            config,
+            store,
+            settings or GatewaySettings(),
+            metrics or GatewayMetrics(),
+            tokenizers or TokenizerCache(),
+            wall_clock,
+        )
         self._session: aiohttp.ClientSession | None = None
         self._started = False
-        self._background: set[asyncio.Task[None]] = set()  # settlements in flight
+        self._watcher: asyncio.Task[None] | None = None
+        self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
+        self.ejector = ReplicaEjector(
+            self.metrics,
+            lambda: self.runtimes,
+            probe_interval=self.settings.health_probe_interval,
+            probe_timeout=self.settings.health_probe_timeout,
+        )
         self._config_info(config)
+
+    @property
+    def upstream_limits(self) -> UpstreamLimits:
+        """The upstream timeouts from the settings."""
+        s = self.settings
+        return UpstreamLimits(
+            connect=s.upstream_connect_timeout,
+            first_token=s.upstream_first_token_timeout,
+            idle=s.upstream_idle_timeout,
+            total=s.upstream_timeout,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,17 +134,24 @@ class Gateway:
         """Create the controllers and the upstream connection pool (on the running loop)."""
         self._sync_runtimes(self.index)
         timeout = aiohttp.ClientTimeout(
-            total=self.settings.upstream_timeout,
-            sock_connect=self.settings.upstream_connect_timeout,
+            total=None, sock_connect=self.settings.upstream_connect_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=connector, auto_decompress=False
         )
+        self.ejector.start()
         self._started = True
+        if self.settings.engine_poll_seconds > 0:
+            self._watcher = asyncio.create_task(self._watch_engines())
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        await self.ejector.stop()
+        self.body.close()
         for runtime in self.runtimes.values():
             runtime.close()
         if self._background:
@@ -218,6 +176,12 @@ class Gateway:
     def _config_info(self, config: AdmissionConfig) -> None:
         self.metrics.config_info.clear()
         self.metrics.config_info.labels(config.namespace, config.generated_at or "").set(1)
+        # Load each pool's tokenizer now (not on its first request) and say which pools
+        # count prompts by the byte estimate.
+        self.metrics.tokenizer_fallback.clear()
+        for pool in config.pools:
+            loaded = self.tokenizers.get(pool.tokenizer_path) is not None
+            self.metrics.tokenizer_fallback.labels(pool.name).set(0 if loaded else 1)
 
     def _sync_runtimes(self, index: ConfigIndex) -> None:
         names = {p.name for p in index.config.pools}
@@ -226,249 +190,108 @@ class Gateway:
             pool = partition_pool(compiled, self.settings.plan_share_percent)
             runtime = self.runtimes.get(pool.name)
             if runtime is None:
-                self.runtimes[pool.name] = PoolRuntime(
-                    pool, tiers, self.metrics, self.settings.replica_retry_seconds
-                )
+                self.runtimes[pool.name] = PoolRuntime(pool, tiers, self.metrics)
             else:
                 runtime.reconfigure(pool, tiers)
+            self._sync_adaptation(pool, tiers)
         for name in [n for n in self.runtimes if n not in names]:
             self.runtimes.pop(name).close()
+            self.adaptations.pop(name, None)
+
+    def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
+        adaptation = self.adaptations.get(pool.name)
+        if adaptation is None:
+            adaptation = self.adaptations[pool.name] = PoolAdaptation(
+                tiers,
+                pool.total_slots,
+                learn=self.settings.learn_reservations,
+                pause_usage=self.settings.borrow_pause_usage,
+            )
+        else:
+            adaptation.configure(tiers, pool.total_slots)
+        for tier in tiers:
+            self.metrics.overcommit_ratio.labels(pool.name, tier.name).set(
+                adaptation.ratio_of(tier.name)
+            )
+            limiter = adaptation.limiters.get(tier.name)
+            if limiter is not None:
+                self.metrics.ttft_target.labels(pool.name, tier.name).set(limiter.target_seconds)
+                self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
+
+    async def _watch_engines(self) -> None:
+        """Poll every replica's /metrics; correct admission with what the engines report."""
+        while True:
+            await asyncio.sleep(self.settings.engine_poll_seconds)
+            for name in list(self.runtimes):
+                try:
+                    await self._poll_pool(name)
+                except Exception as exc:  # one bad poll must not end the watch
+                    log.warning("engine poll of pool %s failed: %s", name, exc)
+
+    async def _poll_pool(self, name: str) -> None:
+        runtime, adaptation = self.runtimes.get(name), self.adaptations.get(name)
+        if runtime is None or adaptation is None or self._session is None:
+            return
+        endpoints = [e for track in runtime.pool.tracks for e in track.endpoints if e.ready]
+        if not endpoints:
+            return
+        loads = await asyncio.gather(*(fetch_engine_load(self._session, e.url) for e in endpoints))
+        new, usage = 0, None
+        for endpoint, load in zip(endpoints, loads, strict=True):
+            if load is None:
+                self.metrics.engine_poll_errors.labels(name).inc()
+                continue
+            before = self._preemptions_seen.get(endpoint.url)
+            self._preemptions_seen[endpoint.url] = load.preemptions_total
+            if before is not None and load.preemptions_total > before:
+                new += load.preemptions_total - before
+            usage = load.kv_usage if usage is None else max(usage, load.kv_usage)
+            self.metrics.engine_kv_usage.labels(name, endpoint.name).set(load.kv_usage)
+        if usage is None:
+            return  # no engine answered: keep the last view (counted in poll errors)
+        if new:
+            self.metrics.engine_preemptions.labels(name).inc(new)
+        verdict = adaptation.engines(new, usage)
+        runtime.set_borrowing_paused(verdict.pause_borrowing)
+        self.metrics.borrowing_paused.labels(name).set(1 if verdict.pause_borrowing else 0)
+        for tier in adaptation.tiers:
+            self.metrics.overcommit_ratio.labels(name, tier.name).set(
+                adaptation.ratio_of(tier.name)
+            )
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
-
-    def authenticate(self, authorization: str | None, index: ConfigIndex) -> CompiledTenant:
-        """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
-        if not authorization or not authorization.startswith("Bearer "):
-            raise UNAUTHORIZED
-        digest = _digest(authorization[len("Bearer ") :].strip())
-        tenant = index.tenants.get(digest)
-        if tenant is None or not hmac.compare_digest(tenant.key_sha256, digest):
-            raise UNAUTHORIZED
-        return tenant
-
-    def _count_prompt(self, pool: CompiledPool, parsed: ParsedRequest) -> int | None:
-        tokenizer = self.tokenizers.get(pool.tokenizer_path)
-        count: int | None = None
-        if parsed.messages is None and isinstance(parsed.prompt, list):
-            count = len(parsed.prompt)  # token ids: exact without a tokenizer
-        elif tokenizer is not None:
-            try:
-                if parsed.messages is not None:
-                    count = tokenizer.count_chat(parsed.messages)
-                else:
-                    count = tokenizer.count_prompt(parsed.prompt)
-            except Exception as exc:  # content the tokenizer cannot encode
-                log.debug("tokenizer failed on a request: %s", exc)
-                count = None
-        self.metrics.estimates.labels(
-            pool.name, "tokenizer" if count is not None else "fallback"
-        ).inc()
-        return count
-
-    def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
-        verdict = decide_estimate(
-            pool,
-            prompt_tokens=self._count_prompt(pool, parsed),
-            prompt_utf8_bytes=parsed.prompt_utf8_bytes,
-            messages=len(parsed.messages) if parsed.messages is not None else 0,
-            max_tokens=parsed.max_tokens,
-            n=parsed.n,
-        )
-        if isinstance(verdict, EstimateRejected):
-            raise GatewayError(verdict.http_status, verdict.reason, verdict.message)
-        return verdict
-
-    async def _charge(
-        self,
-        tenant: CompiledTenant,
-        policy: CompiledTierPolicy,
-        pool: CompiledPool,
-        tier: CompiledTier,
-        tokens: int,
-    ) -> tuple[BudgetCharge | None, CompiledTier, bool]:
-        """Charge the budget: (charge, tier to use, demoted) or an error."""
-        if not tenant.limits:
-            return None, tier, False
-        verdict = await self.store.reserve(
-            tenant.tenant, tenant.limits, tokens, self.wall_clock(), tier=tier.name
-        )
-        if not getattr(self.store, "available", True):
-            result = "unavailable" if isinstance(verdict, BudgetUnavailable) else "local"
-            self.metrics.budget_fallback.labels(tier.name, result).inc()
-        if isinstance(verdict, BudgetAllow):
-            for usage in verdict.usage:
-                window = format_window(usage.window.window_seconds)
-                self.metrics.budget_used.labels(tenant.tenant, window).set(usage.tokens + tokens)
-            return verdict.charge, tier, False
-        if isinstance(verdict, BudgetUnavailable):
-            self.metrics.decisions.labels(pool.name, tier.name, "rejected-unavailable").inc()
-            raise GatewayError(
-                503, "budget_unavailable", verdict.reason, OVERLOADED, verdict.retry_after
-            )
-        assert isinstance(verdict, BudgetDeny)
-        if tenant.over_budget == "Demote" and not verdict.never_fits:
-            demotion = decide_demotion(policy, tenant, tier.name)
-            if isinstance(demotion, Demoted):
-                self.metrics.decisions.labels(pool.name, tier.name, "demoted").inc()
-                return None, demotion.tier, True
-        self.metrics.decisions.labels(pool.name, tier.name, "rejected-budget").inc()
-        raise GatewayError(429, "budget_exceeded", verdict.reason, RATE_LIMIT, verdict.retry_after)
-
-    async def admit(
-        self, kind: Kind, raw: bytes, authorization: str | None, path: str, host: str | None
-    ) -> tuple[Admission, ParsedRequest]:
-        """Steps 1-6: an admitted request (reservation and budget charged) or a GatewayError."""
-        index = self.index
-        started = asyncio.get_running_loop().time()
-        tenant = self.authenticate(authorization, index)
-        parsed = parse_request(kind, raw)
-        pool = index.pools.get(parsed.model)
-        if pool is None:
-            raise GatewayError(
-                404,
-                "model_not_found",
-                f"the model {parsed.model!r} does not exist",
-                NOT_FOUND,
-                param="model",
-            )
-        policy = index.policies.get(pool.tier_policy)
-        runtime = self.runtimes.get(pool.name)
-        if policy is None or runtime is None:
-            raise GatewayError(
-                503,
-                "pool_not_ready",
-                f"model {parsed.model!r} has no admission plan",
-                OVERLOADED,
-                5.0,
-            )
-        classified = decide_tier(policy, tenant, path, host)
-        if isinstance(classified, TierForbidden):
-            self.metrics.decisions.labels(pool.name, classified.tier, "forbidden").inc()
-            raise GatewayError(403, classified.reason, classified.message, PERMISSION)
-        tier = classified.tier
-        try:
-            estimate = self._estimate(pool, parsed)
-        except GatewayError:
-            self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
-            raise
-        charge, tier, demoted = await self._charge(tenant, policy, pool, tier, estimate.tokens)
-        try:
-            track = decide_track(pool, tier.name, random.random())
-            if isinstance(track, NoTrack):
-                raise GatewayError(
-                    503,
-                    track.reason,
-                    f"model {parsed.model!r} has no ready engine",
-                    OVERLOADED,
-                    2.0,
-                )
-            request_id = f"{self._prefix}-{next(self._ids)}"
-            areq = build_admission_request(
-                request_id, tenant, tier.name, estimate, track.track.name
-            )
-            verdict = await runtime.admit(areq)
-            if not isinstance(verdict, Admit):
-                raise GatewayError(
-                    verdict.http_status,
-                    verdict.reason,
-                    verdict.message,
-                    OVERLOADED,
-                    verdict.retry_after_seconds,
-                )
-        except BaseException:
-            if charge is not None:
-                await self._settle(charge, 0)
-            raise
-        admission = Admission(
-            request_id=request_id,
-            tenant=tenant,
-            pool=pool,
-            tier=tier,
-            estimate=estimate,
-            admit=verdict,
-            runtime=runtime,
-            charge=charge,
-            demoted=demoted,
-            started=started,
-        )
-        return admission, parsed
-
-    # -- step 8 ----------------------------------------------------------------------------
-
-    async def finish(self, admission: Admission, status: int, outcome: str) -> None:
-        """Release the reservation, settle the budget, record metrics and the access log."""
-        estimate = admission.estimate
-        actual = admission.meter.total(estimate.prompt_tokens * estimate.sequences)
-        admission.runtime.release(admission.admit.reservation_id, actual or None)
-        if admission.charge is not None:
-            await self._settle(admission.charge, actual)
-            for window in admission.charge.windows:
-                self.metrics.tokens_charged.labels(
-                    admission.tenant.tenant, format_window(window)
-                ).inc(actual)
-        pool = admission.pool.name
-        if actual:
-            self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
-            self.metrics.actual_tokens.labels(pool).inc(actual)
-            self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
-        if self.settings.access_log:
-            self._access_log(admission, status, outcome, actual)
-
-    async def _settle(self, charge: BudgetCharge, actual: int) -> None:
-        """Settle a charge. A remote store settles in the background: the answer (a
-        non-streaming response is sent after this returns) never waits for Redis."""
-        if isinstance(self.store, InMemoryBudgetStore):
-            await self.store.settle(charge, actual, self.wall_clock())
-            return
-        task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _settle_now(self, charge: BudgetCharge, actual: int, now: float) -> None:
-        try:
-            await self.store.settle(charge, actual, now)
-        except Exception as exc:  # a settle failure must not fail anything
-            log.warning("budget settle failed: %s", exc)
-
-    def _access_log(self, admission: Admission, status: int, outcome: str, actual: int) -> None:
-        now = asyncio.get_running_loop().time()
-        meter = admission.meter
-        access_log.info(
-            json.dumps(
-                {
-                    "ts": round(self.wall_clock(), 3),
-                    "request_id": admission.request_id,
-                    "tenant": admission.tenant.tenant,
-                    "tier": admission.tier.name,
-                    "pool": admission.pool.name,
-                    "replica": admission.admit.replica,
-                    "status": status,
-                    "outcome": outcome,
-                    "admission": admission.admit.outcome,
-                    "demoted": admission.demoted,
-                    "queue_ms": round(admission.admit.queued_seconds * 1000, 2),
-                    "duration_ms": round((now - admission.started) * 1000, 2),
-                    "reserved_tokens": admission.estimate.tokens,
-                    "prompt_tokens": meter.prompt_tokens,
-                    "completion_tokens": meter.completion_tokens,
-                    "tokens": actual,
-                    "estimated_prompt": admission.estimate.estimated,
-                }
-            )
-        )
 
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.settings.max_body_bytes
+        """The body, refused (413) before it is read when it is larger than any pool can
+        take (:meth:`BodyWorker.body_limit`), and bounded in time (408)."""
+        cap = self.settings.max_body_bytes
+        limit = await self.body.body_limit(self.index.config.pools, cap)
+        too_large = GatewayError(
+            413,
+            "body_too_large",
+            f"the body is larger than {limit} bytes"
+            + ("" if limit == cap else ", more than any model of this gateway can take"),
+        )
         if request.content_length is not None and request.content_length > limit:
-            raise GatewayError(413, "body_too_large", f"the body is larger than {limit} bytes")
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
         try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
+            async with asyncio.timeout(self.settings.body_timeout):
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError as exc:
             raise GatewayError(
-                413, "body_too_large", f"the body is larger than {limit} bytes"
+                408,
+                "body_timeout",
+                f"the body did not arrive within {self.settings.body_timeout:g} s",
             ) from exc
+        return b"".join(chunks)
 
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions and /v1/completions."""
@@ -478,7 +301,7 @@ class Gateway:
         admission, parsed = await self.admit(
             kind, raw, request.headers.get("Authorization"), request.path, request.host
         )
-        status, outcome = 500, "error"
+        status, label = 500, "error"
         self.metrics.in_flight.inc()
         try:
             url = admission.admit.replica_url
@@ -487,8 +310,13 @@ class Gateway:
                     503, "no_endpoint", "the pool lists no engine endpoint", OVERLOADED, 2.0
                 )
             priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
-            body = build_upstream_body(parsed.body, priority, parsed.stream)
+            body = build_upstream_body(
+                bound_upstream_output(parsed, admission.estimate.output_limit),
+                priority,
+                parsed.stream,
+            )
             assert self._session is not None, "Gateway.start() was not called"
+            replica = admission.admit.replica
             try:
                 response = await proxy_request(
                     self._session,
@@ -498,27 +326,36 @@ class Gateway:
                     stream=parsed.stream,
                     caller_wants_usage=parsed.include_usage,
                     meter=admission.meter,
+                    limits=self.upstream_limits,
+                    track=lambda d: self.ejector.track(admission.pool.name, replica, d),
                 )
             except UpstreamError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, exc.kind).inc()
-                if exc.replica_down and admission.admit.replica is not None:
-                    admission.runtime.mark_replica_down(admission.admit.replica)
-                status, outcome = exc.status, exc.code
+                if replica is not None and exc.kind in ("connect", "timeout"):
+                    self.ejector.failure(
+                        admission.runtime,
+                        replica,
+                        "refused" if exc.kind == "connect" else "timeout",
+                    )
+                status, label = exc.status, exc.code
                 raise
             except StreamBrokenError as exc:
                 self.metrics.upstream_errors.labels(admission.pool.name, "stream_broken").inc()
-                status, outcome = 200, "engine_stream_broken"
+                if replica is not None and exc.kind == "timeout":
+                    self.ejector.failure(admission.runtime, replica, "timeout")
+                status, label = 200, "engine_stream_broken"
                 return await exc.finish()
-            status, outcome = response.status, "ok" if response.status < 400 else "engine_rejected"
+            status, label = response.status, "ok" if response.status < 400 else "engine_rejected"
             if admission.meter.client_gone:
-                status, outcome = 499, "client_gone"
+                status, label = 499, "client_gone"
             return response
         except asyncio.CancelledError:
-            status, outcome = 499, "client_gone"
+            status, label = 499, "client_gone"
+            admission.meter.client_gone = True
             raise
         finally:
             self.metrics.in_flight.dec()
-            await self.finish(admission, status, outcome)
+            await self.finish(admission, status, label)
 
     async def handle_models(self, request: web.Request) -> web.Response:
         """GET /v1/models: the pools' served names."""
@@ -576,6 +413,14 @@ class Gateway:
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response
 
+    def metrics_app(self) -> web.Application:
+        """``/metrics`` (and ``/healthz``) for the separate metrics port: tenant names and
+        usage are not served to API clients."""
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_healthz)
+        return app
+
     def app(self) -> web.Application:
         """The aiohttp application (call :meth:`start` on its startup)."""
         app = web.Application(
@@ -586,7 +431,8 @@ class Gateway:
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if self.settings.metrics_on_api_port:
+            app.router.add_get("/metrics", self.handle_metrics)
 
         async def on_startup(_: web.Application) -> None:
             await self.start()

@@ -76,328 +76,35 @@ returns the offer's time meanwhile, so an I/O layer that calls :meth:`expire` at
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
-from kvpool.api.admission_config import CompiledPool, CompiledTenant, CompiledTier
-from kvpool.domain.estimate import Estimate
-from kvpool.domain.routing import NoReplica, ReplicaLoad, ReplicaView, decide_replica
-
-Outcome = Literal["admitted", "borrowed", "queued", "rejected-deadline", "rejected-capacity"]
-OUTCOMES: tuple[Outcome, ...] = (
-    "admitted",
-    "borrowed",
-    "queued",
-    "rejected-deadline",
-    "rejected-capacity",
+from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.fair_queue import FairQueue
+from kvpool.domain.admission.ledger import _Position, _Replica, _Reservation, _TierState, _Waiting
+from kvpool.domain.admission.verdicts import (
+    REASON_DEADLINE_PASSED,
+    REASON_NO_PLAN,
+    REASON_NO_READY_REPLICA,
+    REASON_QUEUE_WAIT,
+    REASON_TIER_REMOVED,
+    REASON_TOO_LARGE_FOR_POOL,
+    REASON_UNKNOWN_TIER,
+    SHARED,
+    AdmissionRequest,
+    AdmissionSnapshot,
+    Admit,
+    Queue,
+    Reject,
+    ReplicaUsage,
+    TierUsage,
+    Verdict,
+    Wakeups,
 )
-
-SERVICE_UNAVAILABLE = 503
-PAYLOAD_TOO_LARGE = 413
-
-REASON_QUEUE_WAIT = "queue_wait_exceeded"  # expected wait beyond the tier's maxQueueWait
-REASON_DEADLINE_PASSED = "queue_deadline_passed"  # queued, and the deadline passed
-REASON_TOO_LARGE_FOR_POOL = "too_large_for_pool"  # can never fit, even in an idle pool
-REASON_NO_PLAN = "no_capacity_plan"  # pool.plan_ok is False: admit nothing
-REASON_UNKNOWN_TIER = "tier_not_in_pool"  # the pool's plan has no such tier
-REASON_NO_READY_REPLICA = "no_ready_replica"  # no ready replica on the request's track
-REASON_TIER_REMOVED = "tier_removed"  # reconfigure dropped the tier of a queued request
-SHARED = "shared"  # name used in Admit.borrowed_from for the shared remainder
+from kvpool.domain.routing import NoReplica, ReplicaView, decide_replica
 
 EWMA_ALPHA = 0.2  # weight of the newest hold-time sample
-
-
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """What admission needs to know about one request (built after classify/estimate)."""
-
-    request_id: str  # unique while queued or admitted; also the reservation id
-    tenant: str  # tenant id
-    tier: str  # tier from classify (after any demotion)
-    tokens: int  # KV tokens to reserve (Estimate.tokens)
-    slots: int = 1  # sequences (Estimate.slots)
-    weight: int = 1  # tenant fair-share weight within the tier
-    max_concurrency: int | None = None  # tenant's max in-flight requests in this pool
-    track: str | None = None  # "stable"/"canary" from decide_track; None = any replica
-
-
-def build_admission_request(
-    request_id: str,
-    tenant: CompiledTenant,
-    tier: str,
-    estimate: Estimate,
-    track: str | None = None,
-) -> AdmissionRequest:
-    """An :class:`AdmissionRequest` from the earlier steps' results."""
-    return AdmissionRequest(
-        request_id=request_id,
-        tenant=tenant.tenant,
-        tier=tier,
-        tokens=estimate.tokens,
-        slots=estimate.slots,
-        weight=max(1, tenant.weight),
-        max_concurrency=tenant.max_concurrency,
-        track=track,
-    )
-
-
-@dataclass(frozen=True)
-class Admit:
-    """The request may start now on ``replica``; release ``reservation_id`` when it ends."""
-
-    request_id: str
-    tenant: str
-    tier: str
-    tokens: int  # reserved KV tokens
-    slots: int  # reserved slots
-    outcome: Literal["admitted", "borrowed"]  # borrowed = uses shared or lent capacity
-    borrowed_from: tuple[str, ...] = ()  # "shared" and/or tier names lending to it
-    replica: str | None = None  # endpoint name; None when the pool lists no endpoints
-    replica_url: str | None = None  # endpoint base URL
-    track: str | None = None  # track of the replica
-    preempts: bool = False  # admitted by Preempt reclaim: the engine will preempt borrowers
-    queued_seconds: float = 0.0  # time spent queued (0 when admitted on arrival)
-    engine_priority: int = 0  # the vLLM ``priority`` to set on the upstream request
-
-    @property
-    def reservation_id(self) -> str:
-        """The id to pass to :meth:`AdmissionController.release`."""
-        return self.request_id
-
-
-@dataclass(frozen=True)
-class Queue:
-    """The request waits; it will appear in a later :class:`Wakeups` (admitted or rejected)."""
-
-    request_id: str
-    tier: str
-    deadline: float  # ``now`` + the tier's max_queue_wait_seconds
-    ahead_tokens: int  # tokens queued ahead of it (its tier and higher tiers)
-    estimated_wait_seconds: float | None  # None before any hold time was observed
-    outcome: Literal["queued"] = "queued"
-
-
-@dataclass(frozen=True)
-class Reject:
-    """The request will not run; answer ``http_status`` (with Retry-After if given)."""
-
-    request_id: str
-    tier: str
-    outcome: Literal["rejected-deadline", "rejected-capacity"]
-    reason: str  # REASON_* constant (JSON error code, metric label)
-    message: str  # client-facing explanation
-    http_status: int  # 503 (retryable) or 413 (can never fit)
-    retry_after_seconds: float | None = None  # suggestion for the Retry-After header
-    queued_seconds: float = 0.0  # time spent queued before the rejection
-
-
-Verdict = Admit | Queue | Reject
-
-
-@dataclass(frozen=True)
-class Wakeups:
-    """What a change caused: queued requests that start now, and queued ones rejected."""
-
-    admitted: tuple[Admit, ...] = ()  # in the order they were admitted
-    rejected: tuple[Reject, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.admitted or self.rejected)
-
-
-@dataclass(frozen=True)
-class TierUsage:
-    """In-use versus plan for one tier (metrics: in-use vs floor)."""
-
-    tier: str
-    rank: int
-    in_use_tokens: int
-    in_use_slots: int
-    floor_tokens: int
-    floor_slots: int
-    borrowed_tokens: int  # in use above the floor
-    borrowed_slots: int
-    lent_tokens: int  # this tier's floor currently held by borrowers
-    lent_slots: int
-    queued_requests: int
-    queued_tokens: int
-
-
-@dataclass(frozen=True)
-class ReplicaUsage:
-    """Reservations on one replica."""
-
-    name: str
-    track: str
-    ready: bool
-    reserved_tokens: int
-    reserved_slots: int
-    capacity_tokens: int
-    capacity_slots: int
-
-
-@dataclass(frozen=True)
-class AdmissionSnapshot:
-    """The controller's state for metrics and debugging."""
-
-    pool: str
-    total_tokens: int
-    total_slots: int
-    in_use_tokens: int
-    in_use_slots: int
-    shared_used_tokens: int
-    shared_used_slots: int
-    overcommit_tokens: int  # above the plan because of Preempt reclaim (0 normally)
-    overcommit_slots: int
-    tiers: tuple[TierUsage, ...]
-    replicas: tuple[ReplicaUsage, ...]
-    in_flight: int  # admitted, not yet released
-    queued: int
-    preempt_admissions: int  # cumulative count of Admit(preempts=True)
-    mean_hold_seconds: float | None  # EWMA of reservation durations (None: none observed)
-    estimate_error_tokens: int = 0  # cumulative reserved - actual over settled releases
-    settled: int = 0  # releases that reported actual tokens
-
-
-class _TierState:
-    """Mutable per-tier accounting (internal)."""
-
-    __slots__ = (
-        "engine_priority",
-        "floor_s",
-        "floor_t",
-        "head",
-        "head_valid",
-        "lend_s",
-        "lend_t",
-        "max_wait",
-        "name",
-        "queued_count",
-        "queued_s",
-        "queued_t",
-        "queues",
-        "rank",
-        "reclaim",
-        "removed",
-        "tenant_tokens",
-        "used_s",
-        "used_t",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.rank = 0
-        self.engine_priority = 0
-        self.max_wait = 0.0
-        self.reclaim = "Wait"
-        self.removed = False
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
-        self.used_t = self.used_s = 0
-        self.queued_t = self.queued_s = self.queued_count = 0
-        self.queues: dict[str, deque[_Waiting]] = {}
-        self.tenant_tokens: dict[str, int] = {}
-        self.head: _Waiting | None = None  # cached fairness pick (see _head)
-        self.head_valid = False
-
-    def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
-        alloc = pool.tiers.get(tier.name)
-        self.rank = tier.rank
-        self.engine_priority = tier.engine_priority
-        self.max_wait = max(0.0, tier.max_queue_wait_seconds)
-        self.reclaim = tier.reclaim
-        self.removed = False
-        self.floor_t = alloc.floor_tokens if alloc else 0
-        self.floor_s = alloc.floor_slots if alloc else 0
-        self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
-        self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
-
-    def retire(self) -> None:
-        """The tier left the policy: keep its reservations, guarantee it nothing."""
-        self.removed = True
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
-
-
-@dataclass
-class _Replica:
-    """Reservations on one replica; also a :class:`ReplicaView` for :func:`decide_replica`."""
-
-    name: str
-    url: str
-    track: str
-    up: bool  # ready per config / set_replica_ready
-    listed: bool = True  # still in the config (else kept only until its reservations end)
-    reserved_tokens: int = 0
-    reserved_slots: int = 0
-    by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
-    preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
-    preemptible_slots: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return self.up and self.listed
-
-    def load(self, below_rank: int) -> ReplicaLoad:
-        """A view where reservations of ranks below ``below_rank`` count as preemptible."""
-        pre_t = pre_s = 0
-        for rank, (t, s) in self.by_rank.items():
-            if rank > below_rank:
-                pre_t += t
-                pre_s += s
-        return ReplicaLoad(
-            name=self.name,
-            track=self.track,
-            ready=self.ready,
-            reserved_tokens=self.reserved_tokens,
-            reserved_slots=self.reserved_slots,
-            preemptible_tokens=pre_t,
-            preemptible_slots=pre_s,
-        )
-
-    def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:
-        self.reserved_tokens += sign * tokens
-        self.reserved_slots += sign * slots
-        cell = self.by_rank.setdefault(rank, [0, 0])
-        cell[0] += sign * tokens
-        cell[1] += sign * slots
-        if cell == [0, 0]:
-            del self.by_rank[rank]
-
-    @property
-    def empty(self) -> bool:
-        return self.reserved_tokens == 0 and self.reserved_slots == 0
-
-
-@dataclass
-class _Reservation:
-    request: AdmissionRequest
-    tier: _TierState
-    admitted_at: float
-    replica: _Replica | None
-    rank: int  # rank at admission (replica per-rank accounting)
-
-
-@dataclass
-class _Waiting:
-    request: AdmissionRequest
-    tier: _TierState
-    arrived_at: float
-    deadline: float
-    seq: int
-    alive: bool = True
-
-
-@dataclass(frozen=True)
-class _Position:
-    """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
-
-    deficit_t: int
-    deficit_s: int
-    lower_over_t: int  # capacity lower-priority tiers hold above their floors
-    lower_over_s: int
 
 
 class AdmissionController:
@@ -411,10 +118,8 @@ class AdmissionController:
         self._order: list[_TierState] = []
         self._replicas: dict[str, _Replica] = {}
         self._reservations: dict[str, _Reservation] = {}
-        self._waiting: dict[str, _Waiting] = {}
-        self._deadlines: list[tuple[float, int, str]] = []
         self._tenant_inflight: dict[str, int] = {}
-        self._seq = 0
+        self._waiting = FairQueue(self._tenant_inflight)
         self._used_t = self._used_s = 0
         self._mean_hold: float | None = None
         self._preempt_admissions = 0
@@ -422,6 +127,9 @@ class AdmissionController:
         self._settled = 0
         self._pending: list[Admit] = []  # started by an offer, delivered by the next Wakeups
         self._pending_since: float | None = None
+        self._borrowing_paused = False  # engines report their KV cache nearly full
+        self._lent_limits: dict[int, int] = {}  # protected rank -> borrowers allowed below it
+        self._borrowed_by_rank: dict[int, int] = {}  # rank -> in-flight borrowed requests
         self._apply_plan(pool, tiers)
 
     # ------------------------------------------------------------------ public API
@@ -439,8 +147,8 @@ class AdmissionController:
         if reject is not None:
             return reject
         tier = self._tiers[request.tier]
-        waiting = _Waiting(request, tier, now, now + tier.max_wait, self._next_seq())
-        self._enqueue(waiting)
+        waiting = _Waiting(request, tier, now, now + tier.max_wait, self._waiting.next_seq())
+        self._waiting.enqueue(waiting)
         started = self._dispatch(now, only=waiting)
         if started:
             if any(request.tenant in t.queues for t in self._order):
@@ -455,7 +163,7 @@ class AdmissionController:
         ahead_t, ahead_s = self._ahead(tier, request)
         wait = self._expected_wait(tier, request, ahead_t, ahead_s)
         if wait is not None and wait > tier.max_wait:
-            self._unqueue(waiting)
+            self._waiting.unqueue(waiting)
             return Reject(
                 request_id=rid,
                 tier=tier.name,
@@ -465,7 +173,6 @@ class AdmissionController:
                     f"tier {tier.name!r} cannot start this request within its maximum queue "
                     f"wait of {tier.max_wait:g}s (expected ~{wait:.1f}s): retry later"
                 ),
-                http_status=SERVICE_UNAVAILABLE,
                 retry_after_seconds=_retry_after(wait),
             )
         return Queue(
@@ -487,6 +194,12 @@ class AdmissionController:
         res = self._reservations.pop(reservation_id, None)
         if res is None:
             return self._wakeups([], [])
+        if res.borrowed:
+            left = self._borrowed_by_rank.get(res.rank, 0) - 1
+            if left > 0:
+                self._borrowed_by_rank[res.rank] = left
+            else:
+                self._borrowed_by_rank.pop(res.rank, None)
         req, tier = res.request, res.tier
         tier.used_t -= req.tokens
         tier.used_s -= req.slots
@@ -502,7 +215,7 @@ class AdmissionController:
             self._tenant_inflight[req.tenant] = inflight
         else:
             self._tenant_inflight.pop(req.tenant, None)
-        self._touch(tier, req.tenant)
+        FairQueue.touch(tier, req.tenant, self._order)
         if res.replica is not None:
             res.replica.add(res.rank, req.tokens, req.slots, -1)
             if not res.replica.listed and res.replica.empty:
@@ -527,21 +240,17 @@ class AdmissionController:
         waiting = self._waiting.get(request_id)
         if waiting is None:
             return self._wakeups([], [])
-        self._unqueue(waiting)
+        self._waiting.unqueue(waiting)
         return self._wakeups(self._dispatch(now), [])
 
     def expire(self, now: float) -> Wakeups:
         """Reject queued requests whose deadline is <= now (``rejected-deadline``)."""
         rejected: list[Reject] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, rid = heapq.heappop(self._deadlines)
-            waiting = self._waiting.get(rid)
-            if waiting is None or not waiting.alive:
-                continue
-            self._unqueue(waiting)
+        for waiting in list(self._waiting.expired(now)):
+            self._waiting.unqueue(waiting)
             rejected.append(
                 Reject(
-                    request_id=rid,
+                    request_id=waiting.request.request_id,
                     tier=waiting.tier.name,
                     outcome="rejected-deadline",
                     reason=REASON_DEADLINE_PASSED,
@@ -549,7 +258,6 @@ class AdmissionController:
                         f"not started within tier {waiting.tier.name!r}'s maximum queue wait "
                         f"of {waiting.tier.max_wait:g}s: retry later"
                     ),
-                    http_status=SERVICE_UNAVAILABLE,
                     retry_after_seconds=_retry_after(self._mean_hold or waiting.tier.max_wait),
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
@@ -562,13 +270,7 @@ class AdmissionController:
         """When to call :meth:`expire`: the earliest deadline of a queued request, or a past
         time (the offer's ``now``) when an offer started other requests too (rare, see the
         module docstring) so that the next :class:`Wakeups` delivers them."""
-        while self._deadlines:
-            _, _, rid = self._deadlines[0]
-            waiting = self._waiting.get(rid)
-            if waiting is not None and waiting.alive:
-                break
-            heapq.heappop(self._deadlines)
-        earliest = self._deadlines[0][0] if self._deadlines else None
+        earliest = self._waiting.earliest_deadline()
         if self._pending_since is not None:
             return self._pending_since if earliest is None else min(earliest, self._pending_since)
         return earliest
@@ -579,17 +281,17 @@ class AdmissionController:
         a removed tier, or that can no longer ever fit, are rejected."""
         removed = self._apply_plan(pool, tiers)
         rejected: list[Reject] = []
-        for waiting in list(self._waiting.values()):
+        for waiting in self._waiting.values():
             tier = waiting.tier
             if tier in removed:
-                reason, status = REASON_TIER_REMOVED, SERVICE_UNAVAILABLE
+                reason = REASON_TIER_REMOVED
                 message = f"tier {tier.name!r} was removed from the pool's policy"
             elif self._pool.plan_ok and self._never_fits(waiting.request, tier):
-                reason, status = REASON_TOO_LARGE_FOR_POOL, PAYLOAD_TOO_LARGE
+                reason = REASON_TOO_LARGE_FOR_POOL
                 message = self._too_large_message(waiting.request, tier)
             else:
                 continue
-            self._unqueue(waiting)
+            self._waiting.unqueue(waiting)
             rejected.append(
                 Reject(
                     request_id=waiting.request.request_id,
@@ -597,7 +299,6 @@ class AdmissionController:
                     outcome="rejected-capacity",
                     reason=reason,
                     message=message,
-                    http_status=status,
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
             )
@@ -605,6 +306,49 @@ class AdmissionController:
             if tier.used_t == 0 and tier.used_s == 0 and tier.queued_count == 0:
                 self._drop_tier(tier)
         return self._wakeups(self._dispatch(now), rejected)
+
+    def set_borrowing_paused(self, paused: bool, now: float) -> Wakeups:
+        """Stop (or resume) starting requests on borrowed capacity; floors are unaffected.
+
+        The I/O layer pauses borrowing while the engines' *measured* KV usage is near the
+        target: the ledger counts reservations, the engines count what is really held.
+        """
+        if paused == self._borrowing_paused:
+            return self._wakeups([], [])
+        self._borrowing_paused = paused
+        return self._wakeups([] if paused else self._dispatch(now), [])
+
+    def set_lent_limit(self, tier: str, limit: int | None, now: float) -> Wakeups:
+        """At most ``limit`` requests of tiers below ``tier`` may run on borrowed capacity
+        (None: no limit). Set by the TTFT limiter of a tier with a ``ttftP95Target``."""
+        state = self._tiers.get(tier)
+        if state is None:
+            return self._wakeups([], [])
+        before = self._lent_limits.get(state.rank)
+        if limit is None:
+            self._lent_limits.pop(state.rank, None)
+        else:
+            self._lent_limits[state.rank] = max(0, limit)
+        grew = before is not None and (limit is None or limit > before)
+        return self._wakeups(self._dispatch(now) if grew else [], [])
+
+    def borrowed_below(self, tier: str) -> int:
+        """In-flight requests of tiers below ``tier`` running on borrowed capacity."""
+        state = self._tiers.get(tier)
+        if state is None:
+            return 0
+        return sum(n for rank, n in self._borrowed_by_rank.items() if rank > state.rank)
+
+    def _lending_blocked(self, tier: _TierState) -> bool:
+        """Whether a borrower of ``tier`` is held by a pause or a lent limit above it."""
+        if self._borrowing_paused:
+            return True
+        for rank, limit in self._lent_limits.items():
+            if rank < tier.rank:
+                below = sum(n for r, n in self._borrowed_by_rank.items() if r > rank)
+                if below >= limit:
+                    return True
+        return False
 
     def set_replica_ready(self, name: str, ready: bool, now: float) -> Wakeups:
         """Mark a replica (un)routable between config reloads (e.g. after engine errors)."""
@@ -730,30 +474,26 @@ class AdmissionController:
             outcome: Literal["rejected-deadline", "rejected-capacity"],
             reason: str,
             message: str,
-            status: int,
         ) -> Reject:
-            return Reject(request.request_id, request.tier, outcome, reason, message, status)
+            return Reject(request.request_id, request.tier, outcome, reason, message)
 
         if not self._pool.plan_ok:
             return reject(
                 "rejected-capacity",
                 REASON_NO_PLAN,
                 f"pool {self._pool.name!r} has no capacity plan yet: retry later",
-                SERVICE_UNAVAILABLE,
             )
         if tier is None or tier.removed:
             return reject(
                 "rejected-capacity",
                 REASON_UNKNOWN_TIER,
                 f"pool {self._pool.name!r} has no tier {request.tier!r}",
-                SERVICE_UNAVAILABLE,
             )
         if self._never_fits(request, tier):
             return reject(
                 "rejected-capacity",
                 REASON_TOO_LARGE_FOR_POOL,
                 self._too_large_message(request, tier),
-                PAYLOAD_TOO_LARGE,
             )
         if self._replicas and not any(
             r.ready and (request.track is None or r.track == request.track)
@@ -764,7 +504,6 @@ class AdmissionController:
                 REASON_NO_READY_REPLICA,
                 f"no ready replica of pool {self._pool.name!r}"
                 + (f" on track {request.track!r}" if request.track else ""),
-                SERVICE_UNAVAILABLE,
             )
         return None
 
@@ -791,75 +530,6 @@ class AdmissionController:
             f"{tier.name!r} of pool {self._pool.name!r} can hold at most {cap_t} tokens and "
             f"{cap_s} slots for one request"
         )
-
-    # ------------------------------------------------------------------ queue
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _enqueue(self, waiting: _Waiting) -> None:
-        req, tier = waiting.request, waiting.tier
-        self._waiting[req.request_id] = waiting
-        tier.queues.setdefault(req.tenant, deque()).append(waiting)
-        tier.queued_t += req.tokens
-        tier.queued_s += req.slots
-        tier.queued_count += 1
-        heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
-        tier.head_valid = False
-
-    def _unqueue(self, waiting: _Waiting) -> None:
-        """Remove a waiting request (lazy in its deque and in the deadline heap)."""
-        if not waiting.alive:
-            return
-        waiting.alive = False
-        req, tier = waiting.request, waiting.tier
-        del self._waiting[req.request_id]
-        tier.queued_t -= req.tokens
-        tier.queued_s -= req.slots
-        tier.queued_count -= 1
-        queue = tier.queues.get(req.tenant)
-        if queue is not None:
-            while queue and not queue[0].alive:
-                queue.popleft()
-            if not queue:
-                del tier.queues[req.tenant]
-        tier.head_valid = False
-
-    def _head(self, tier: _TierState) -> _Waiting | None:
-        """The tier's next request: the waiting tenant with the lowest in-use/weight.
-
-        Invariant kept by :meth:`_unqueue`: the front of every tenant deque is alive. The
-        pick is cached per tier until something it depends on changes (:meth:`_touch`).
-        """
-        if tier.head_valid:
-            return tier.head
-        best: _Waiting | None = None
-        best_usage = 0.0
-        inflight = self._tenant_inflight
-        usage_of = tier.tenant_tokens
-        for tenant, queue in tier.queues.items():
-            head = queue[0]
-            req = head.request
-            limit = req.max_concurrency
-            if limit is not None and inflight.get(tenant, 0) >= limit:
-                continue
-            usage = usage_of.get(tenant, 0) / (req.weight if req.weight > 0 else 1)
-            if best is None or usage < best_usage or (usage == best_usage and head.seq < best.seq):
-                best, best_usage = head, usage
-        tier.head, tier.head_valid = best, True
-        return best
-
-    def _touch(self, tier: _TierState, tenant: str) -> None:
-        """Invalidate cached picks after ``tenant``'s use in ``tier`` or its queue changed.
-
-        The tier's pick depends on its queues and tenant usage; other tiers' picks depend
-        on this tenant only through its in-flight count (``max_concurrency``).
-        """
-        tier.head_valid = False
-        for other in self._order:
-            if tenant in other.queues:
-                other.head_valid = False
 
     def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
         """Tokens and slots queued ahead of a new request (its tier and higher tiers)."""
@@ -930,12 +600,19 @@ class AdmissionController:
             if tier is not None and t.rank > tier.rank:
                 lower_t += ut - own_t
                 lower_s += us - own_s
+            if wants is not None and t is not tier and t.name in wants:
+                # held for the tier's next request as if it were running already
+                want_t, want_s = wants[t.name]
+                ut += want_t
+                us += want_s
+                def_t += want_t
+                def_s += want_s
+                own_t = ut if ut < t.floor_t else t.floor_t
+                own_s = us if us < t.floor_s else t.floor_s
+                over_t += ut - own_t - (t.used_t - min(t.used_t, t.floor_t))
+                over_s += us - own_s - (t.used_s - min(t.used_s, t.floor_s))
             free_t = t.floor_t - own_t
             free_s = t.floor_s - own_s
-            if wants is not None and t is not tier and t.name in wants:
-                want_t, want_s = wants[t.name]
-                free_t = max(0, free_t - want_t)
-                free_s = max(0, free_s - want_s)
             idle_t += t.lend_t if t.lend_t < free_t else free_t
             idle_s += t.lend_s if t.lend_s < free_s else free_s
         def_t = max(def_t, over_t - max(0, pool.shared_tokens) - idle_t)
@@ -997,7 +674,7 @@ class AdmissionController:
         for tier in self._order:
             if only is not None and tier.rank > only.tier.rank:
                 break
-            head = heads[tier.name] = self._head(tier) if tier.queues else None
+            head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
             while head is not None:
                 if only is not None and head is not only:
                     borrowing_closed = True  # a blocked head (fixed point) waits before it
@@ -1012,7 +689,7 @@ class AdmissionController:
                     borrowing_closed = True
                     break
                 admitted.append(admit)
-                head = heads[tier.name] = self._head(tier) if tier.queues else None
+                head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
                 if wants is not None:
                     wants.pop(tier.name, None)
                     if head is not None and self._within_floor(tier, head.request):
@@ -1026,13 +703,25 @@ class AdmissionController:
             if tier.name in heads:
                 head = heads[tier.name]
             else:
-                head = heads[tier.name] = self._head(tier) if tier.queues else None
+                head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
             if head is not None and self._within_floor(tier, head.request):
                 wants[tier.name] = (head.request.tokens, head.request.slots)
         return wants
 
     @staticmethod
     def _within_floor(tier: _TierState, request: AdmissionRequest) -> bool:
+        """Whether the request starts on the tier's own floor: it fits in what is left of
+        the floor, or the tier has a floor and nothing running (a floor always holds one
+        request, whatever its size: the part above the floor is borrowed, but it goes
+        before every borrower - the tier would otherwise starve behind busier tiers)."""
+        return (
+            tier.used_t + request.tokens <= tier.floor_t
+            and tier.used_s + request.slots <= tier.floor_s
+        ) or (tier.floor_t > 0 and tier.floor_s > 0 and tier.used_s == 0 and tier.used_t == 0)
+
+    @staticmethod
+    def _inside_floor(tier: _TierState, request: AdmissionRequest) -> bool:
+        """Whether the request fits entirely inside what is left of the tier's floor."""
         return (
             tier.used_t + request.tokens <= tier.floor_t
             and tier.used_s + request.slots <= tier.floor_s
@@ -1047,11 +736,15 @@ class AdmissionController:
         now: float,
     ) -> Admit | None:
         req = waiting.request
+        inside = self._inside_floor(tier, req)
+        if not within and self._lending_blocked(tier):
+            return None
         pos = self._position(tier, req.tokens, req.slots, None if within else wants)
         preempts = False
         if pos.deficit_t > 0 or pos.deficit_s > 0:
             if not (
                 within
+                and self._inside_floor(tier, req)
                 and tier.reclaim == "Preempt"
                 and pos.deficit_t <= pos.lower_over_t
                 and pos.deficit_s <= pos.lower_over_s
@@ -1078,9 +771,9 @@ class AdmissionController:
                 return None
             replica = self._replicas[choice.name]
         borrowed_from: tuple[str, ...] = ()
-        if not within:
+        if not inside:
             borrowed_from = self._borrow_sources(tier, req)
-        self._commit(tier, waiting, replica, now)
+        self._commit(tier, waiting, replica, now, borrowed=not within)
         if preempts:
             self._preempt_admissions += 1
         return Admit(
@@ -1089,7 +782,7 @@ class AdmissionController:
             tier=tier.name,
             tokens=req.tokens,
             slots=req.slots,
-            outcome="admitted" if within else "borrowed",
+            outcome="admitted" if inside else "borrowed",
             borrowed_from=borrowed_from,
             replica=replica.name if replica else None,
             replica_url=replica.url if replica else None,
@@ -1129,20 +822,30 @@ class AdmissionController:
         )
 
     def _commit(
-        self, tier: _TierState, waiting: _Waiting, replica: _Replica | None, now: float
+        self,
+        tier: _TierState,
+        waiting: _Waiting,
+        replica: _Replica | None,
+        now: float,
+        *,
+        borrowed: bool = False,
     ) -> None:
         req = waiting.request
-        self._unqueue(waiting)
+        self._waiting.unqueue(waiting)
         tier.used_t += req.tokens
         tier.used_s += req.slots
         self._used_t += req.tokens
         self._used_s += req.slots
         tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
         self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
-        self._touch(tier, req.tenant)
+        FairQueue.touch(tier, req.tenant, self._order)
         if replica is not None:
             replica.add(tier.rank, req.tokens, req.slots, +1)
-        self._reservations[req.request_id] = _Reservation(req, tier, now, replica, tier.rank)
+        self._reservations[req.request_id] = _Reservation(
+            req, tier, now, replica, tier.rank, borrowed
+        )
+        if borrowed:
+            self._borrowed_by_rank[tier.rank] = self._borrowed_by_rank.get(tier.rank, 0) + 1
 
     def _wakeups(self, admitted: list[Admit], rejected: list[Reject]) -> Wakeups:
         if self._pending:

@@ -1,0 +1,153 @@
+"""The controller's mutable accounting: per tier, per replica, per reservation and waiter.
+
+Why this module exists: these records are what the admission controller
+(:mod:`kvpool.domain.admission.controller`) mutates; keeping them apart keeps the decision
+code readable. Internal to the package (names start with an underscore).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.verdicts import AdmissionRequest
+from kvpool.domain.routing import ReplicaLoad
+
+
+class _TierState:
+    """Mutable per-tier accounting (internal)."""
+
+    __slots__ = (
+        "engine_priority",
+        "floor_s",
+        "floor_t",
+        "head",
+        "head_valid",
+        "lend_s",
+        "lend_t",
+        "max_wait",
+        "name",
+        "queued_count",
+        "queued_s",
+        "queued_t",
+        "queues",
+        "rank",
+        "reclaim",
+        "removed",
+        "tenant_tokens",
+        "used_s",
+        "used_t",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rank = 0
+        self.engine_priority = 0
+        self.max_wait = 0.0
+        self.reclaim = "Wait"
+        self.removed = False
+        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
+        self.used_t = self.used_s = 0
+        self.queued_t = self.queued_s = self.queued_count = 0
+        self.queues: dict[str, deque[_Waiting]] = {}
+        self.tenant_tokens: dict[str, int] = {}
+        self.head: _Waiting | None = None  # cached fairness pick (see _head)
+        self.head_valid = False
+
+    def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
+        alloc = pool.tiers.get(tier.name)
+        self.rank = tier.rank
+        self.engine_priority = tier.engine_priority
+        self.max_wait = max(0.0, tier.max_queue_wait_seconds)
+        self.reclaim = tier.reclaim
+        self.removed = False
+        self.floor_t = alloc.floor_tokens if alloc else 0
+        self.floor_s = alloc.floor_slots if alloc else 0
+        self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
+        self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
+
+    def retire(self) -> None:
+        """The tier left the policy: keep its reservations, guarantee it nothing."""
+        self.removed = True
+        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
+
+
+@dataclass
+class _Replica:
+    """Reservations on one replica; also a :class:`ReplicaView` for :func:`decide_replica`."""
+
+    name: str
+    url: str
+    track: str
+    up: bool  # ready per config / set_replica_ready
+    listed: bool = True  # still in the config (else kept only until its reservations end)
+    reserved_tokens: int = 0
+    reserved_slots: int = 0
+    by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
+    preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
+    preemptible_slots: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.up and self.listed
+
+    def load(self, below_rank: int) -> ReplicaLoad:
+        """A view where reservations of ranks below ``below_rank`` count as preemptible."""
+        pre_t = pre_s = 0
+        for rank, (t, s) in self.by_rank.items():
+            if rank > below_rank:
+                pre_t += t
+                pre_s += s
+        return ReplicaLoad(
+            name=self.name,
+            track=self.track,
+            ready=self.ready,
+            reserved_tokens=self.reserved_tokens,
+            reserved_slots=self.reserved_slots,
+            preemptible_tokens=pre_t,
+            preemptible_slots=pre_s,
+        )
+
+    def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:
+        self.reserved_tokens += sign * tokens
+        self.reserved_slots += sign * slots
+        cell = self.by_rank.setdefault(rank, [0, 0])
+        cell[0] += sign * tokens
+        cell[1] += sign * slots
+        if cell == [0, 0]:
+            del self.by_rank[rank]
+
+    @property
+    def empty(self) -> bool:
+        return self.reserved_tokens == 0 and self.reserved_slots == 0
+
+
+@dataclass
+class _Reservation:
+    request: AdmissionRequest
+    tier: _TierState
+    admitted_at: float
+    replica: _Replica | None
+    rank: int  # rank at admission (replica per-rank accounting)
+    borrowed: bool = False  # started on borrowed capacity (counts against lent limits)
+
+
+@dataclass
+class _Waiting:
+    request: AdmissionRequest
+    tier: _TierState
+    arrived_at: float
+    deadline: float
+    seq: int
+    alive: bool = True
+
+
+@dataclass(frozen=True)
+class _Position:
+    """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
+
+    deficit_t: int
+    deficit_s: int
+    lower_over_t: int  # capacity lower-priority tiers hold above their floors
+    lower_over_s: int

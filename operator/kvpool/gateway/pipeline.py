@@ -1,0 +1,448 @@
+"""The request pipeline: from an API key and a body to an admitted request, and its end.
+
+Why this module exists: the gateway's request path is a chain of pure decisions from
+:mod:`kvpool.domain` with the I/O at the edges; this module is that chain, without HTTP
+(the handlers are in :mod:`kvpool.gateway.server`), so it reads top to bottom and the
+decision benchmark can drive it directly:
+
+1. authenticate: ``Authorization: Bearer <key>`` -> SHA-256 -> tenant. The lookup is by
+   digest and confirmed with a constant-time compare; a missing and an unknown key get
+   the same 401 body, so nobody learns whether a tenant exists;
+2. parse and check the body (:mod:`kvpool.gateway.request`; the caller's ``priority`` is
+   dropped), find the pool by ``model`` (404 if unknown);
+3. classify (``decide_tier``): tier from path, host and tenant labels; 403 if the tenant
+   may not use it;
+4. estimate (``decide_estimate``, the engine's rules) with the pool's tokenizer; parsing,
+   chat template and tokenization run on worker threads within size and time bounds
+   (:mod:`kvpool.gateway.body`), never on the event loop;
+5. budget: charge the *bound* (prompt + all the engine may generate); over budget -> 429
+   with ``Retry-After``, or, for ``overBudget: Demote`` tenants, the next lower tier the
+   tenant may use (a demoted request is not charged); Redis down and the tier declares
+   ``budgetUnavailable: Reject`` -> 503;
+6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
+   :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
+   Queue -> wait; Reject -> the status of its reason (:mod:`kvpool.gateway.outcomes`);
+7. (the handler proxies to the engine with the tier's engine ``priority``);
+8. :meth:`RequestPipeline.finish`, always: release the reservation, settle the budget with
+   what the engine generated (``decide_settlement``: its usage; 0 if it never got the
+   request; the reservation if the request was cut short), then build one :class:`~kvpool.gateway.outcomes.Outcome` that the
+   metrics and the JSON access log both read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
+from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import (
+    AdmissionConfig,
+    CompiledPool,
+    CompiledTenant,
+    CompiledTier,
+    CompiledTierPolicy,
+)
+from kvpool.domain.admission import Admit, build_admission_request
+from kvpool.domain.admission.adaptation import PoolAdaptation
+from kvpool.domain.budget import (
+    BudgetAllow,
+    BudgetCharge,
+    BudgetDeny,
+    decide_settlement,
+    format_window,
+)
+from kvpool.domain.classify import Demoted, TierForbidden, decide_demotion, decide_tier
+from kvpool.domain.estimate import (
+    REASON_INVALID_MAX_TOKENS,
+    REASON_INVALID_N,
+    REASON_MAX_TOKENS_TOO_LARGE,
+    REASON_PROMPT_TOO_LONG,
+    Estimate,
+    EstimateRejected,
+    PromptSize,
+    decide_estimate,
+)
+from kvpool.domain.routing import NoTrack, decide_track
+from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.errors import AUTHENTICATION, NOT_FOUND, OVERLOADED, GatewayError
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.outcomes import (
+    REASON_BUDGET_EXCEEDED,
+    REASON_BUDGET_UNAVAILABLE,
+    Outcome,
+    error_for,
+)
+from kvpool.gateway.pool_runtime import PoolRuntime
+from kvpool.gateway.proxy import UsageMeter
+from kvpool.gateway.request import Kind, ParsedRequest
+
+if TYPE_CHECKING:
+    from kvpool.gateway.server import GatewaySettings
+
+log = logging.getLogger("kvpool.gateway")
+access_log = logging.getLogger("kvpool.access")
+
+ESTIMATE_PARAMS = {
+    REASON_PROMPT_TOO_LONG: "prompt",
+    REASON_INVALID_MAX_TOKENS: "max_tokens",
+    REASON_MAX_TOKENS_TOO_LARGE: "max_tokens",
+    REASON_INVALID_N: "n",
+}
+UNAUTHORIZED = GatewayError(401, "invalid_api_key", "invalid or missing API key", AUTHENTICATION)
+
+
+@dataclass(frozen=True)
+class ConfigIndex:
+    """One config, indexed for the request path. Immutable: replaced whole on reload."""
+
+    config: AdmissionConfig
+    tenants: dict[str, CompiledTenant]  # key sha256 hex -> tenant
+    pools: dict[str, CompiledPool]  # served name -> pool
+    policies: dict[str, CompiledTierPolicy]  # name -> policy
+
+    @classmethod
+    def build(cls, config: AdmissionConfig) -> ConfigIndex:
+        """Index a config."""
+        return cls(
+            config=config,
+            tenants={t.key_sha256: t for t in config.tenants},
+            pools={p.served_name: p for p in config.pools},
+            policies={p.name: p for p in config.tier_policies},
+        )
+
+    def tiers_of(self, pool: CompiledPool) -> list[CompiledTier]:
+        """The tiers of a pool's policy (empty if the policy is missing)."""
+        policy = self.policies.get(pool.tier_policy)
+        return list(policy.tiers) if policy is not None else []
+
+
+@dataclass
+class Admission:
+    """Everything :meth:`RequestPipeline.finish` needs about an admitted request."""
+
+    request_id: str
+    tenant: CompiledTenant
+    pool: CompiledPool
+    tier: CompiledTier
+    estimate: Estimate
+    admit: Admit
+    runtime: PoolRuntime
+    charge: BudgetCharge | None
+    demoted: bool
+    started: float
+    meter: UsageMeter = field(default_factory=UsageMeter)
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class RequestPipeline:
+    """Steps 1-6 and 8 of one gateway process (no HTTP)."""
+
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        store: BudgetStore,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        tokenizers: TokenizerCache,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.tokenizers = tokenizers
+        self.body = BodyWorker(tokenizers)
+        self.wall_clock = wall_clock
+        self.index = ConfigIndex.build(config)
+        self.runtimes: dict[str, PoolRuntime] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
+        self._background: set[asyncio.Task[None]] = set()  # settlements in flight
+        self.adaptations: dict[str, PoolAdaptation] = {}  # pool -> learned/measured state
+
+    # -- decisions (steps 1-6) -------------------------------------------------------------
+
+    def budget_subject(self, tenant: CompiledTenant) -> str:
+        """Whose counters a tenant's requests charge: ``<namespace>/<tenant>``."""
+        return budget_subject(self.index.config.namespace, tenant.tenant)
+
+    def authenticate(self, authorization: str | None, index: ConfigIndex) -> CompiledTenant:
+        """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
+        if not authorization or not authorization.startswith("Bearer "):
+            raise UNAUTHORIZED
+        digest = _digest(authorization[len("Bearer ") :].strip())
+        tenant = index.tenants.get(digest)
+        if tenant is None or not hmac.compare_digest(tenant.key_sha256, digest):
+            raise UNAUTHORIZED
+        return tenant
+
+    async def _count_prompt(
+        self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any, utf8_bytes: int
+    ) -> int | None:
+        """The exact token count of the chat (``prompt`` None) or of one completions prompt,
+        counted off the event loop within the body worker's bounds."""
+        count = await self.body.count_prompt(pool, parsed, prompt, utf8_bytes)
+        self.metrics.estimates.labels(
+            pool.name, "tokenizer" if count is not None else "fallback"
+        ).inc()
+        return count
+
+    async def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
+        if parsed.messages is not None:
+            count = await self._count_prompt(pool, parsed, None, parsed.prompt_utf8_bytes)
+            prompts = [PromptSize(count, parsed.prompt_utf8_bytes, len(parsed.messages))]
+        else:
+            prompts = [
+                PromptSize(await self._count_prompt(pool, parsed, prompt, size), size)
+                for prompt, size in zip(parsed.prompts, parsed.prompt_sizes, strict=True)
+            ]
+        verdict = decide_estimate(pool, prompts=prompts, max_tokens=parsed.max_tokens, n=parsed.n)
+        if isinstance(verdict, EstimateRejected):
+            param = ESTIMATE_PARAMS.get(verdict.reason)
+            if param == "prompt" and parsed.messages is not None:
+                param = "messages"
+            raise error_for(verdict.reason, verdict.message, param=param)
+        return verdict
+
+    async def _charge(
+        self,
+        tenant: CompiledTenant,
+        policy: CompiledTierPolicy,
+        pool: CompiledPool,
+        tier: CompiledTier,
+        tokens: int,
+    ) -> tuple[BudgetCharge | None, CompiledTier, bool]:
+        """Charge the budget: (charge, tier to use, demoted) or an error."""
+        if not tenant.limits:
+            return None, tier, False
+        verdict = await self.store.reserve(
+            self.budget_subject(tenant),
+            tenant.limits,
+            tokens,
+            self.wall_clock(),
+            tier=tier.name,
+            when_unavailable=tier.budget_unavailable,
+        )
+        if isinstance(verdict, BudgetAllow):
+            for usage in verdict.usage:
+                window = format_window(usage.window.window_seconds)
+                self.metrics.budget_used.labels(tenant.tenant, window).set(usage.tokens + tokens)
+                self.metrics.budget_limit.labels(tenant.tenant, window).set(usage.window.tokens)
+            return verdict.charge, tier, False
+        if isinstance(verdict, BudgetUnavailable):
+            self.metrics.decisions.labels(pool.name, tier.name, "rejected-unavailable").inc()
+            raise error_for(
+                REASON_BUDGET_UNAVAILABLE, verdict.reason, retry_after=verdict.retry_after
+            )
+        assert isinstance(verdict, BudgetDeny)
+        if tenant.over_budget == "Demote" and not verdict.never_fits:
+            demotion = decide_demotion(policy, tenant, tier.name)
+            if isinstance(demotion, Demoted):
+                self.metrics.decisions.labels(pool.name, tier.name, "demoted").inc()
+                return None, demotion.tier, True
+        self.metrics.decisions.labels(pool.name, tier.name, "rejected-budget").inc()
+        raise error_for(REASON_BUDGET_EXCEEDED, verdict.reason, retry_after=verdict.retry_after)
+
+    async def admit(
+        self, kind: Kind, raw: bytes, authorization: str | None, path: str, host: str | None
+    ) -> tuple[Admission, ParsedRequest]:
+        """Steps 1-6: an admitted request (reservation and budget charged) or a GatewayError."""
+        index = self.index
+        started = asyncio.get_running_loop().time()
+        tenant = self.authenticate(authorization, index)
+        parsed = await self.body.parse(kind, raw)  # off the event loop, bounded
+        pool = index.pools.get(parsed.model)
+        if pool is None:
+            raise GatewayError(
+                404,
+                "model_not_found",
+                f"the model {parsed.model!r} does not exist",
+                NOT_FOUND,
+                param="model",
+            )
+        policy = index.policies.get(pool.tier_policy)
+        runtime = self.runtimes.get(pool.name)
+        if policy is None or runtime is None:
+            raise GatewayError(
+                503,
+                "pool_not_ready",
+                f"model {parsed.model!r} has no admission plan",
+                OVERLOADED,
+                5.0,
+            )
+        classified = decide_tier(policy, tenant, path, host)
+        if isinstance(classified, TierForbidden):
+            self.metrics.decisions.labels(pool.name, classified.tier, "forbidden").inc()
+            raise error_for(classified.reason, classified.message)
+        tier = classified.tier
+        try:
+            estimate = await self._estimate(pool, parsed)
+        except GatewayError:
+            self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
+            raise
+        charge, tier, demoted = await self._charge(
+            tenant, policy, pool, tier, estimate.charge_tokens
+        )
+        try:
+            track = decide_track(pool, tier.name, random.random())
+            if isinstance(track, NoTrack):
+                raise error_for(
+                    track.reason, f"model {parsed.model!r} has no ready engine", retry_after=2.0
+                )
+            request_id = f"{self._prefix}-{next(self._ids)}"
+            adaptation = self.adaptations.get(pool.name)
+            if adaptation is not None:  # reserve what the tier's requests use, not the bound
+                estimate = adaptation.reserve(tier.name, estimate)
+            areq = build_admission_request(
+                request_id, tenant, tier.name, estimate, track.track.name
+            )
+            verdict = await runtime.admit(areq)
+            if not isinstance(verdict, Admit):
+                raise error_for(
+                    verdict.reason, verdict.message, retry_after=verdict.retry_after_seconds
+                )
+        except BaseException:
+            if charge is not None:
+                await self._settle(charge, 0)
+            raise
+        admission = Admission(
+            request_id=request_id,
+            tenant=tenant,
+            pool=pool,
+            tier=tier,
+            estimate=estimate,
+            admit=verdict,
+            runtime=runtime,
+            charge=charge,
+            demoted=demoted,
+            started=started,
+        )
+        return admission, parsed
+
+    # -- step 8 ----------------------------------------------------------------------------
+
+    async def finish(self, admission: Admission, status: int, label: str) -> Outcome:
+        """Release the reservation, settle the budget, then record the :class:`Outcome` once
+        (metrics and the access log both read it)."""
+        meter = admission.meter
+        estimate = admission.estimate
+        actual = meter.total(estimate.prompt_tokens)
+        now = asyncio.get_running_loop().time()
+        first = meter.first_token_at
+        charged = 0
+        if admission.charge is not None:
+            end = meter.settlement(admission.charge.tokens, estimate.prompt_tokens)
+            charged = decide_settlement(end)
+        outcome = Outcome(
+            status=status,
+            label=label,
+            actual_tokens=actual,
+            charged_tokens=charged,
+            prompt_tokens=meter.prompt_tokens,
+            completion_tokens=meter.completion_tokens,
+            duration_seconds=now - admission.started,
+            ttft_seconds=(first - admission.started) if first is not None else None,
+        )
+        admission.runtime.release(admission.admit.reservation_id, actual or None)
+        if admission.charge is not None:
+            await self._settle(admission.charge, charged)
+        self._record(admission, outcome)
+        self._adapt(admission, outcome)
+        if self.settings.access_log:
+            self._access_log(admission, outcome)
+        return outcome
+
+    def _record(self, admission: Admission, outcome: Outcome) -> None:
+        """The metrics of one finished request."""
+        pool, actual = admission.pool.name, outcome.actual_tokens
+        if admission.charge is not None:
+            for window in admission.charge.windows:
+                self.metrics.tokens_charged.labels(
+                    admission.tenant.tenant, format_window(window)
+                ).inc(outcome.charged_tokens)
+        if actual:
+            estimate = admission.estimate
+            self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
+            self.metrics.actual_tokens.labels(pool).inc(actual)
+            self.metrics.bound_tokens.labels(pool).inc(estimate.charge_tokens)
+            self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
+
+    def _adapt(self, admission: Admission, outcome: Outcome) -> None:
+        """Feed the finished request to its pool's learning: output and TTFT samples."""
+        pool, tier = admission.pool.name, admission.tier.name
+        if outcome.ttft_seconds is not None:
+            self.metrics.ttft.labels(pool, tier).observe(outcome.ttft_seconds)
+        adaptation = self.adaptations.get(pool)
+        if adaptation is None:
+            return
+        if outcome.label == "ok" and admission.meter.reported and outcome.completion_tokens:
+            adaptation.settled(tier, outcome.completion_tokens, admission.estimate.sequences)
+        if outcome.ttft_seconds is not None:
+            limit = adaptation.ttft(tier, outcome.ttft_seconds)
+            limiter = adaptation.limiters.get(tier)
+            if limiter is not None and limiter.p95 is not None:
+                self.metrics.ttft_p95.labels(pool, tier).set(limiter.p95)
+            if limit is not None:
+                admission.runtime.set_lent_limit(tier, limit)
+                self.metrics.lent_limit.labels(pool, tier).set(limit)
+
+    async def _settle(self, charge: BudgetCharge, actual: int) -> None:
+        """Settle a charge. A remote store settles in the background: the answer (a
+        non-streaming response is sent after this returns) never waits for Redis."""
+        if not self.store.remote:
+            await self.store.settle(charge, actual, self.wall_clock())
+            return
+        task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _settle_now(self, charge: BudgetCharge, actual: int, now: float) -> None:
+        try:
+            await self.store.settle(charge, actual, now)
+        except Exception as exc:  # a settle failure must not fail anything
+            log.warning("budget settle failed: %s", exc)
+
+    def _access_log(self, admission: Admission, outcome: Outcome) -> None:
+        access_log.info(
+            json.dumps(
+                {
+                    "ts": round(self.wall_clock(), 3),
+                    "request_id": admission.request_id,
+                    "tenant": admission.tenant.tenant,
+                    "tier": admission.tier.name,
+                    "pool": admission.pool.name,
+                    "replica": admission.admit.replica,
+                    "status": outcome.status,
+                    "outcome": outcome.label,
+                    "admission": admission.admit.outcome,
+                    "demoted": admission.demoted,
+                    "queue_ms": round(admission.admit.queued_seconds * 1000, 2),
+                    "duration_ms": round(outcome.duration_seconds * 1000, 2),
+                    "ttft_ms": (
+                        round(outcome.ttft_seconds * 1000, 2)
+                        if outcome.ttft_seconds is not None
+                        else None
+                    ),
+                    "reserved_tokens": admission.estimate.tokens,
+                    "bound_tokens": admission.estimate.charge_tokens,
+                    "charged_tokens": outcome.charged_tokens,
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": outcome.completion_tokens,
+                    "tokens": outcome.actual_tokens,
+                    "estimated_prompt": admission.estimate.estimated,
+                }
+            )
+        )

@@ -1,0 +1,285 @@
+"""Parity with the engine (issue 8.1) and what the gateway learns from it (8.3, 8.4).
+
+Given one REAL vLLM CPU engine (tiny model, maxModelLen 512, 2048 KV tokens, 8 sequences)
+and a gateway in front of it with the pool's tokenizer, each request shape of the table is
+sent to the engine directly and through the gateway: both must answer the same status
+class (2xx or the same 4xx). Where both serve it, the tokens the engine generated through
+the gateway never exceed what the gateway charged (issue 9.1: no request shape generates
+more than it was charged for), and every reservation is released afterwards.
+
+Then, on the same engine: its ``/metrics`` are read by the engine-load adapter (KV usage
+rises while a request runs); and a gateway with the engine poll on learns a tier's output
+(its next unbounded request reserves the learned output, not the context), measures TTFT
+of streamed requests, exports the tier's TTFT target, lent limit and overcommit ratio, and
+lets the lower tier's ratio creep below 1 while the engine reports no preemptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvpool.adapters.budget_store import InMemoryBudgetStore
+from kvpool.adapters.engine_metrics import fetch_engine_load
+from kvpool.gateway.server import Gateway, GatewaySettings
+from tests.gateway_builders import ConfigBuilder
+from tests.support.engine import EngineFactory, VllmEngine
+
+pytestmark = [pytest.mark.engine]
+
+ACME = {"Authorization": "Bearer sk-acme"}
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
+    return vllm_engine_module(
+        served_model_name="tiny",
+        kv_cache_memory_bytes=2 * 1024 * 1024,
+        block_size=32,
+        max_num_seqs=8,
+        scheduling_policy="priority",
+    )
+
+
+@pytest.fixture
+async def gateway(
+    engine: VllmEngine, tiny_tokenizer_json: Path
+) -> AsyncIterator[tuple[TestClient[Any, Any], Gateway]]:
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, wait=60.0)
+        .tier("batch", floor=30, wait=60.0)
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool(
+            "tiny",
+            [engine.base_url],
+            tokens_per_replica=2048,
+            slots_per_replica=8,
+            max_model_len=MAX_MODEL_LEN,
+            tokenizer_path=tiny_tokenizer_json,
+        )
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
+        .obj()
+    )
+    gw = Gateway(config, InMemoryBudgetStore(), settings=GatewaySettings(access_log=False))
+    client = TestClient(TestServer(gw.app()))
+    await client.start_server()
+    try:
+        yield client, gw
+    finally:
+        await client.close()
+
+
+def _ids(count: int, start: int = 10) -> list[int]:
+    return [start + i % 200 for i in range(count)]
+
+
+def _chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], **extra}
+
+
+def _completion(prompt: Any, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, **extra}
+
+
+# id -> (path, body). Outputs are kept short where the shape allows, to keep the run fast.
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "prompt-plus-max-tokens-over-the-context": (
+        "/v1/completions",
+        _completion(_ids(401), max_tokens=120),
+    ),
+    "prompt-fills-the-context": ("/v1/completions", _completion(_ids(MAX_MODEL_LEN))),
+    "prompt-over-the-context": ("/v1/completions", _completion(_ids(MAX_MODEL_LEN + 40))),
+    "prompt-one-below-the-context": (
+        "/v1/completions",
+        _completion(_ids(MAX_MODEL_LEN - 1), max_tokens=50),
+    ),
+    "completions-without-max-tokens": ("/v1/completions", _completion("the quick brown fox")),
+    "completions-null-max-tokens": (
+        "/v1/completions",
+        _completion(_ids(490), max_tokens=None),
+    ),
+    "chat-without-max-tokens": ("/v1/chat/completions", _chat(stop=["."], temperature=0)),
+    "chat-max-completion-tokens-past-the-context": (
+        "/v1/chat/completions",
+        _chat(max_completion_tokens=5000),
+    ),
+    "chat-max-completion-tokens-equal-to-the-context": (
+        "/v1/chat/completions",
+        _chat(max_completion_tokens=MAX_MODEL_LEN, stop=["."]),
+    ),
+    "completions-max-tokens-over-the-context": (
+        "/v1/completions",
+        _completion("a", max_tokens=MAX_MODEL_LEN + 1),
+    ),
+    "list-of-prompts": ("/v1/completions", _completion(["one", "two two", "three"], max_tokens=4)),
+    "list-of-token-prompts": (
+        "/v1/completions",
+        _completion([_ids(5), _ids(300)], max_tokens=300),
+    ),
+    "list-with-one-prompt-too-long": (
+        "/v1/completions",
+        _completion([_ids(5), _ids(600)], max_tokens=4),
+    ),
+    "n-3": ("/v1/completions", _completion("a b c", n=3, max_tokens=4)),
+    "n-beyond-the-engine-batch": ("/v1/completions", _completion("a b c", n=10, max_tokens=4)),
+    "n-times-context-beyond-the-kv-cache": (
+        "/v1/completions",
+        _completion(_ids(300), n=8, max_tokens=200),
+    ),
+    "max-tokens-zero": ("/v1/completions", _completion("a", max_tokens=0)),
+    "n-zero": ("/v1/completions", _completion("a", n=0, max_tokens=2)),
+    "stream-with-usage": (
+        "/v1/completions",
+        _completion("a b", max_tokens=3, stream=True, stream_options={"include_usage": True}),
+    ),
+    "chat-stream-without-max-tokens": (
+        "/v1/chat/completions",
+        _chat(stream=True, max_tokens=None),
+    ),
+}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async with session.post(url, json=body, headers=ACME) as resp:
+        return resp.status, await resp.text()
+
+
+def _status_class(status: int) -> int | str:
+    return "2xx" if 200 <= status < 300 else status
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("path", "body"), list(SHAPES.values()), ids=list(SHAPES))
+async def test_gateway_answers_like_the_engine(
+    engine: VllmEngine,
+    gateway: tuple[TestClient[Any, Any], Gateway],
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    client, gw = gateway
+    async with aiohttp.ClientSession() as session:
+        direct_status, direct_text = await _post(session, engine.base_url + path, body)
+    resp = await client.post(path, json=body, headers=ACME)
+    via_text = await resp.text()
+    assert _status_class(resp.status) == _status_class(direct_status), (
+        f"engine {direct_status}: {direct_text[:300]}\ngateway {resp.status}: {via_text[:300]}"
+    )
+    snap = gw.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
+    if resp.status == 200:
+        metrics = gw.metrics.render().decode()
+        reserved = _sample(metrics, "kvpool_gateway_reserved_tokens_total")
+        actual = _sample(metrics, "kvpool_gateway_actual_tokens_total")
+        charged = _sample(metrics, "kvpool_gateway_bound_tokens_total")
+        assert actual <= charged, f"generated {actual} > charged {charged} (reserved {reserved})"
+
+
+def _sample(metrics: str, name: str, *labels: str) -> float:
+    total = 0.0
+    for line in metrics.splitlines():
+        named = line.startswith(name + "{") or line.startswith(name + " ")
+        if named and all(label in line for label in labels):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.timeout(120)
+async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngine) -> None:
+    async with aiohttp.ClientSession() as session:
+        idle = await fetch_engine_load(session, engine.base_url)
+        body = _completion(_ids(300), max_tokens=200, ignore_eos=True)
+        running = asyncio.create_task(_post(session, engine.base_url + "/v1/completions", body))
+        busiest = 0.0
+        while not running.done():
+            load = await fetch_engine_load(session, engine.base_url)
+            assert load is not None
+            busiest = max(busiest, load.kv_usage)
+            await asyncio.sleep(0.02)
+        status, _ = await running
+        gone = await fetch_engine_load(session, "http://127.0.0.1:1")
+        async with session.get(engine.metrics_url) as resp:
+            raw = await resp.text()
+        final = await fetch_engine_load(session, engine.base_url)
+    assert final is not None
+    assert final.preemptions_total == _sample(raw, "vllm:num_preemptions_total")
+    assert final.running == _sample(raw, "vllm:num_requests_running")
+    assert idle is not None and 0.0 <= idle.kv_usage <= 1.0 and idle.preemptions_total >= 0
+    assert status == 200
+    assert busiest > 0.0, "the engine never reported KV usage while a 500-token request ran"
+    assert gone is None
+
+
+@pytest.mark.timeout(240)
+async def test_gateway_learns_outputs_measures_ttft_and_adapts(
+    engine: VllmEngine, tiny_tokenizer_json: Path
+) -> None:
+    config = (
+        ConfigBuilder()
+        .tier("interactive", floor=50, wait=60.0, ttft=0.5)
+        .tier("batch", floor=30, wait=60.0)
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool(
+            "tiny",
+            [engine.base_url],
+            tokens_per_replica=2048,
+            slots_per_replica=8,
+            max_model_len=MAX_MODEL_LEN,
+            tokenizer_path=tiny_tokenizer_json,
+        )
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
+        .obj()
+    )
+    gw = Gateway(
+        config,
+        InMemoryBudgetStore(),
+        settings=GatewaySettings(access_log=False, engine_poll_seconds=0.05),
+    )
+    client = TestClient(TestServer(gw.app()))
+    await client.start_server()
+    try:
+        for _ in range(20):  # the top tier learns: 8 tokens per request
+            resp = await client.post(
+                "/v1/chat/completions",
+                json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
+                headers=ACME,
+            )
+            assert resp.status == 200
+            await resp.read()
+        before = gw.metrics.render().decode()
+        resp = await client.post(
+            "/v1/chat/completions",
+            json=_chat(max_completion_tokens=MAX_MODEL_LEN, stop=["."], temperature=0),
+            headers=ACME,
+        )
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+        await asyncio.sleep(1.0)  # >= 20 quiet polls
+        after = gw.metrics.render().decode()
+    finally:
+        await client.close()
+
+    def delta(name: str) -> float:
+        return _sample(after, name) - _sample(before, name)
+
+    reserved, bound = (
+        delta("kvpool_gateway_reserved_tokens_total"),
+        delta("kvpool_gateway_bound_tokens_total"),
+    )
+    assert bound > 400, f"the unbounded request's bound is the context, got {bound}"
+    assert reserved < bound - 400, f"reserved {reserved} of bound {bound}: nothing learned"
+    chat = 'tier="interactive"'
+    assert _sample(after, "kvpool_gateway_tier_ttft_seconds_count", chat) >= 20
+    assert _sample(after, "kvpool_gateway_tier_ttft_target_seconds", chat) == 0.5
+    assert _sample(after, "kvpool_gateway_lent_limit", chat) >= 1
+    assert _sample(after, "kvpool_gateway_overcommit_ratio", chat) == 1.0
+    batch_ratio = _sample(after, "kvpool_gateway_overcommit_ratio", 'tier="batch"')
+    assert 0.5 <= batch_ratio < 1.0, f"batch ratio {batch_ratio}: no creep while quiet"
+    assert _sample(after, "kvpool_gateway_borrowing_paused") == 0

@@ -1,0 +1,125 @@
+"""Learned output reservation, adaptive overcommit, TTFT limiter, and the controller's
+hooks they drive (borrowing pause, lent limits): tables of cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.domain.admission import AdmissionController, Admit, Amount, Queue
+from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
+from kvpool.domain.admission.limiter import LentLimiter
+from tests.support.admission_builders import PoolBuilder, Requests
+
+
+@pytest.mark.parametrize(
+    ("samples", "bound", "expected"),
+    [
+        ([64] * 10, 120, 120),
+        ([64] * 20, 120, 64),
+        ([64] * 20, 30, 30),
+        (list(range(1, 101)), 500, 95),
+        ([10] * 150 + [100] * 60, 500, 100),
+        ([100] * 60 + [10] * 200, 500, 10),
+    ],
+    ids=[
+        "not-learned-yet-reserves-the-bound",
+        "learned-quantile",
+        "never-above-the-request-bound",
+        "p95-of-1-to-100",
+        "a-tail-of-5pct-or-more-is-reserved",
+        "old-samples-leave-the-window",
+    ],
+)
+def test_output_learner(samples: list[int], bound: int, expected: int) -> None:
+    learner = OutputLearner(quantile=0.95, window=200, min_samples=20)
+    for sample in samples:
+        learner.observe(sample)
+    assert learner.reserve_output(bound) == expected
+
+
+@pytest.mark.parametrize(
+    ("polls", "expected"),
+    [
+        ([0] * 20, 0.80),
+        ([0] * 100, 0.5),
+        ([0] * 20 + [3], 1.0),
+        ([0] * 40 + [1], 0.85),
+    ],
+    ids=[
+        "creeps-down-while-quiet",
+        "never-below-the-minimum",
+        "backs-off-on-preemption",
+        "partial",
+    ],
+)
+def test_overcommit_ratio(polls: list[int], expected: float) -> None:
+    ratio = OvercommitRatio(minimum=0.5, step=0.01, backoff=0.25)
+    for preemptions in polls:
+        ratio.observe_poll(preemptions)
+    assert ratio.value == pytest.approx(expected)
+    assert ratio.reserve(64) >= 1
+
+
+@pytest.mark.parametrize(
+    ("batches", "limits"),
+    [
+        ([0.25, 0.15, 0.09, 0.05, 0.05], [4, 2, 2, 3, 4]),
+        ([0.05] * 3, [8, 8, 8]),
+        ([1.0] * 5, [4, 2, 1, 0, 0]),
+    ],
+    ids=["docstring-example", "never-above-the-maximum", "down-to-the-minimum"],
+)
+def test_lent_limiter_aimd(batches: list[float], limits: list[int]) -> None:
+    limiter = LentLimiter(target_seconds=0.1, maximum=8, window=10, interval=10)
+    seen = []
+    for ttft in batches:
+        for _ in range(10):
+            limiter.observe(ttft)
+        seen.append(limiter.limit)
+    assert seen == limits
+
+
+def _pool() -> PoolBuilder:
+    """hi 400/4 (never lends), lo 200/2; shared 400/4: lo borrows only the shared part."""
+    return (
+        PoolBuilder()
+        .capacity(1000, 10)
+        .tier("hi", 400, 4, lend_tokens=0, lend_slots=0)
+        .tier("lo", 200, 2)
+    )
+
+
+def test_lent_limit_holds_borrowers_but_never_a_floor() -> None:
+    builder = _pool()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl.set_lent_limit("hi", 1, 0.0)
+    own = [reqs.make("lo", 100) for _ in range(2)]
+    assert all(ctl.offer(r, 0.0).outcome == "admitted" for r in own)  # its floor
+    first = reqs.make("lo", 100)
+    assert ctl.offer(first, 0.0).outcome == "borrowed"
+    second = reqs.make("lo", 100)
+    assert isinstance(ctl.offer(second, 0.0), Queue)  # 1 borrower already runs
+    assert ctl.borrowed_below("hi") == 1
+
+    wake = ctl.set_lent_limit("hi", 2, 1.0)  # the limiter gives it back
+
+    assert [a.request_id for a in wake.admitted] == [second.request_id]
+    ctl.release(first.request_id, 2.0)
+    ctl.release(second.request_id, 2.0)
+    assert ctl.borrowed_below("hi") == 0
+
+
+def test_paused_borrowing_resumes_with_wakeups() -> None:
+    builder = _pool()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl.set_borrowing_paused(True, 0.0)
+    inside = reqs.make("lo", 200, 2)
+    assert isinstance(ctl.offer(inside, 0.0), Admit)
+    borrower = reqs.make("lo", 100)
+    assert isinstance(ctl.offer(borrower, 0.0), Queue)
+
+    wake = ctl.set_borrowing_paused(False, 1.0)
+
+    assert [a.request_id for a in wake.admitted] == [borrower.request_id]
+    snap = ctl.snapshot()
+    assert Amount(snap.in_use_tokens, snap.in_use_slots) == Amount(300, 3)

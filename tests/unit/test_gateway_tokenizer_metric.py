@@ -1,0 +1,62 @@
+"""The gateway says which pools count prompts by the byte estimate (no loadable tokenizer).
+
+``kvpool_gateway_tokenizer_fallback{pool}`` is 1 for a pool without ``tokenizerPath`` or
+with a path where nothing loads (a volume not mounted into the gateway), 0 once the pool's
+tokenizer loads; it follows config reloads and forgets removed pools. Real tokenizer file
+(the tiny model's), real Gateway object; no I/O beyond reading the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpool.adapters.budget import InMemoryBudgetStore
+from kvpool.gateway.server import Gateway, GatewaySettings
+from tests.gateway_builders import ConfigBuilder
+
+
+def config(**tokenizers: str | Path | None) -> ConfigBuilder:
+    builder = ConfigBuilder().tier("interactive", 50).tier("batch", 20)
+    for pool, path in tokenizers.items():
+        builder.pool(pool, ["http://127.0.0.1:9"], tokenizer_path=path)
+    return builder
+
+
+def fallback(gateway: Gateway, pool: str) -> float | None:
+    return gateway.metrics.registry.get_sample_value(
+        "kvpool_gateway_tokenizer_fallback", {"pool": pool}
+    )
+
+
+def test_pools_without_a_loadable_tokenizer_are_flagged(
+    tiny_tokenizer_json: Path, tmp_path: Path
+) -> None:
+    gateway = Gateway(
+        config(
+            chat=tiny_tokenizer_json,
+            folder=tiny_tokenizer_json.parent,
+            unmounted=tmp_path / "not-mounted" / "tokenizer.json",
+            undeclared=None,
+        ).obj(),
+        InMemoryBudgetStore(),
+        settings=GatewaySettings(access_log=False),
+    )
+
+    assert fallback(gateway, "chat") == 0
+    assert fallback(gateway, "folder") == 0
+    assert fallback(gateway, "unmounted") == 1
+    assert fallback(gateway, "undeclared") == 1
+
+
+def test_a_reload_updates_the_flags_and_drops_removed_pools(tiny_tokenizer_json: Path) -> None:
+    gateway = Gateway(
+        config(chat=None, old=None).obj(),
+        InMemoryBudgetStore(),
+        settings=GatewaySettings(access_log=False),
+    )
+    assert fallback(gateway, "chat") == 1
+
+    gateway.apply_config(config(chat=tiny_tokenizer_json).obj())
+
+    assert fallback(gateway, "chat") == 0
+    assert fallback(gateway, "old") is None
