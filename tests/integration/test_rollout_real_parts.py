@@ -162,6 +162,8 @@ def _start_gateway(kube_api: KubeApi, tmp_path: Path, processes: list[ManagedPro
         kube_api.url,
         "--listen",
         f"127.0.0.1:{port}",
+        "--metrics-listen",
+        f"127.0.0.1:{free_port()}",
         "--no-access-log",
     ]
     process = ManagedProcess(argv, tmp_path / "gateway.log", dict(os.environ), REPO)
