@@ -160,6 +160,8 @@ def start_gateway(
         f"127.0.0.1:{port}",
         "--no-access-log",
         "--metrics-on-api-port",  # scraped from the API port by the demo's Prometheus
+        "--metrics-listen",
+        "",  # no second listener: 0.0.0.0:8081 may be taken on a shared machine
     )
     gateway = ManagedProcess(argv, log_path=workdir / "gateway.log", env=dict(os.environ), cwd=REPO)
     stack.callback(gateway.stop)

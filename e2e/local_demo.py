@@ -6,13 +6,17 @@ Run from the repo root with the project's venv (``make demo`` does this)::
     .venv/bin/python -m e2e.local_demo --quick        # 30 s of traffic, no baseline (smoke run)
     .venv/bin/python -m e2e.local_demo --engines 2    # two engine replicas
     .venv/bin/python -m e2e.local_demo --keep-running # leave it up, print URLs, Ctrl-C ends
+    .venv/bin/python -m e2e.local_demo --no-rollout   # skip the half-KV canary rollout part
 
 Why it exists: it shows the product's point end to end - the operator *measures* the
 engines' KV capacity, plans a floor per tier and publishes the compiled admission config;
 the gateway enforces it, so an interactive tenant keeps its latency while a batch tenant
 floods the same engines (at twice what they serve, measured at start-up) - with every
 component real except the cluster itself. A baseline phase then sends the same traffic
-straight to the engines (no kvpool) for comparison.
+straight to the engines (no kvpool) for comparison. Last, the pool is rolled out to a
+revision with half the KV cache (a second engine): the rollout pauses with
+``KVCapacityShrunk``, batch traffic stays on stable, an abort restores stable-only routing
+(e2e/rollout_demo.py).
 
 What is real: ``kvpool operator`` and ``kvpool gateway`` (subprocesses of this repo's code,
 the same commands a container runs), vLLM CPU engines (``--scheduling-policy priority``,
@@ -108,6 +112,7 @@ from e2e.report import (
     format_table,
     parse_samples,
 )
+from e2e.rollout_demo import run_rollout
 from e2e.traffic import (
     TrafficClass,
     build_batch,
@@ -138,6 +143,7 @@ class DemoOptions:
     batch_rate: float | None  # batch requests/s (Poisson); None: FLOOD_FACTOR x measured
     workdir: Path  # logs, rendered manifests, Prometheus data
     results: Path  # where the JSON results go
+    rollout: bool = True  # roll out a half-KV revision after the traffic phases
 
 
 def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
@@ -166,6 +172,12 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new /tmp dir")
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument(
+        "--rollout",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="then roll out a half-KV revision: paused KVCapacityShrunk, abort (default: on)",
+    )
     args = parser.parse_args(argv)
     duration = args.duration if args.duration is not None else (30.0 if args.quick else 60.0)
     baseline = args.baseline if args.baseline is not None else not args.quick
@@ -179,6 +191,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         batch_rate=args.batch_rate,
         workdir=workdir.resolve(),
         results=args.results.resolve(),
+        rollout=args.rollout,
     )
 
 
@@ -606,6 +619,15 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             narrator.step("With kvpool vs without")
             narrator.say(compare(kvpool, baseline))
         document = build_results(options, narrator, system, kvpool, samples, memory, baseline)
+        if options.rollout:
+            document["rollout"] = run_rollout(
+                stack,
+                system,
+                narrator.say,
+                narrator.step,
+                api_key(system.docs, BATCH_SECRET),
+                options.workdir,
+            )
         write_results(options.results, document)
         narrator.say(f"results written to {options.results}")
         if options.keep_running:

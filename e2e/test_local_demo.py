@@ -8,7 +8,9 @@ flood share the engine for ~30 s, then:
 - the ModelPool's capacity is the one the operator *measured* from the engine;
 - interactive requests were served, at least as large a share as of the batch flood, and
   with less queueing (the point of the product);
-- the gateway's queue-time histogram has observations for both tiers.
+- the gateway's queue-time histogram has observations for both tiers;
+- a rollout to a revision with half the KV cache pauses with KVCapacityShrunk, no batch
+  request reaches the canary, and an abort leaves stable-only routing.
 
 Takes ~60-75 s on this 2-core machine (engine start ~20-25 s, traffic 30 s, drain, teardown).
 """
@@ -117,3 +119,13 @@ def test_quick_demo_serves_interactive_with_measured_capacity(tmp_path: Path) ->
         assert figures["queue_p50"] is not None, (tier, figures)
         assert figures["queue_p95"] is not None, (tier, figures)
     assert interactive["queue_p95"] <= batch["queue_p95"], table
+    # The rollout to a half-KV revision pauses at once, keeps batch on stable, and an abort
+    # restores stable-only routing.
+    rollout = results["rollout"]
+    assert (rollout["paused_phase"], rollout["paused_reason"]) == ("Paused", "KVCapacityShrunk")
+    assert (rollout["kv_gate"]["stable"], rollout["kv_gate"]["canary"]) == (2048, 1024)
+    assert rollout["seconds_from_canary_ready_to_paused"] < 15
+    assert rollout["batch_requests_on_stable"] > 0
+    assert rollout["batch_requests_reached_canary"] == 0
+    assert rollout["after_abort_phase"] == "Aborted"
+    assert rollout["after_abort_tracks"]["canary"] == {"weight": 0, "endpoints": 0}

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("kvpool.commands.crds", "print the generated CustomResourceDefinitions"),
     "operator": ("kvpool.controller.main", "run the operator"),
     "gateway": ("kvpool.gateway.main", "run the admission gateway"),
+    "rollout": ("kvpool.commands.rollout", "show or act on a ModelPool's canary rollout"),
 }
 
 

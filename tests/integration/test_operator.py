@@ -197,16 +197,33 @@ def test_readiness_and_spec_changes_replan(kube_api: KubeApi, operator: Operator
     wait_until(lambda: status(kube_api)["observedGeneration"] == 2)
     assert status(kube_api)["revision"] == first_revision  # planning fields are not the engine
 
-    # When the engine image changes: a new revision on the same Deployment, no second one
+    # When the engine image changes: a canary of the new revision, stable left as it is
     kube_api.client.patch(mp("chat"), {"spec": {"engine": {"image": "vllm/vllm-openai:v0.12.0"}}})
     wait_until(lambda: status(kube_api)["revision"] != first_revision)
-    dep = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.12.0"
-    assert (
-        dep["spec"]["template"]["metadata"]["labels"]["kvpool.dev/revision"]
-        == status(kube_api)["revision"]
+    canary = wait_until(
+        lambda: kube_api.client.get(core("deployments", "chat-canary", api="apps/v1"))
     )
-    assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
+    assert canary["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "vllm/vllm-openai:v0.12.0"
+    )
+    assert (
+        canary["spec"]["template"]["metadata"]["labels"]["kvpool.dev/revision"]
+        == (status(kube_api)["revision"])
+    )
+    assert canary["spec"]["template"]["metadata"]["labels"]["kvpool.dev/track"] == "canary"
+    stable = kube_api.client.get(core("deployments", "chat-stable", api="apps/v1"))
+    assert stable["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "vllm/vllm-openai:v0.11.0"
+    )
+    assert stable["spec"]["replicas"] == 4
+    rollout = status(kube_api)["rollout"]
+    assert (rollout["phase"], rollout["stage"], rollout["weight"]) == (
+        "Progressing",
+        "Starting",
+        0,
+    )
+    assert rollout["stableRevision"] == first_revision
+    assert names(kube_api, "deployments", "apps/v1") == ["chat-canary", "chat-stable"]
 
 
 def test_a_tier_policy_change_replans_its_pools_and_the_config(

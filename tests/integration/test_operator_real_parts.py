@@ -69,7 +69,8 @@ def test_operator_plans_with_measured_capacity_and_keeps_it_when_prometheus_goes
                 },
             )
             wait_until(lambda: _capacity(kube_api) == ("Declared", 100_000, 90_000))
-            revision = status(kube_api)["revision"]
+            # the revision stable runs (the engine patch above may have started a rollout)
+            revision = status(kube_api)["rollout"]["stableRevision"]
 
             # When Prometheus scrapes the big engine as this pool's revision
             prom.set_targets(_engine(big.target, revision, "chat-a"))

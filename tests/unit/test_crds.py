@@ -224,6 +224,8 @@ COLUMNS = {
         ("KV/Replica", ".status.capacity.kvTokensPerReplica"),
         ("Interactive Floor", ".status.plan.tiers[0].floorTokens"),
         ("Phase", ".status.phase"),
+        ("Revision", ".status.rollout.stableRevision"),
+        ("Rollout", ".status.rollout.phase"),
         ("Age", ".metadata.creationTimestamp"),
     ],
     "TierPolicy": [

@@ -47,6 +47,7 @@ LABEL_NAMESPACE = "namespace"
 LABEL_POOL = "kvpool_pool"
 LABEL_REVISION = "kvpool_revision"
 LABEL_REPLICA = "pod"
+LABEL_TRACK = "kvpool_track"
 
 _BY = f"{LABEL_NAMESPACE}, {LABEL_POOL}"
 _SEL = f'{{{LABEL_POOL}!=""}}'
@@ -200,12 +201,22 @@ class SnapshotCache:
         self._fetched = -math.inf
         self.last_success: float | None = None  # wall time of the last good snapshot
 
-    async def get(self) -> MetricsSnapshot | PrometheusUnavailable | None:
-        """The current snapshot (None when the operator runs without Prometheus)."""
+    @property
+    def prom(self) -> PrometheusConnect | None:
+        """The client (None when the operator runs without Prometheus)."""
+        return self._prom
+
+    async def get(
+        self, max_age: float | None = None
+    ) -> MetricsSnapshot | PrometheusUnavailable | None:
+        """The current snapshot (None when the operator runs without Prometheus);
+        ``max_age`` overrides the cache's own (a rollout waiting for a canary's first
+        measurement asks for one at most a second old)."""
         if self._prom is None:
             return None
+        limit = self.max_age if max_age is None else max_age
         async with self._lock:
-            if time.monotonic() - self._fetched >= self.max_age or self._value is None:
+            if time.monotonic() - self._fetched >= limit or self._value is None:
                 self._value = await asyncio.to_thread(fetch_snapshot, self._prom, self.timeout)
                 self._fetched = time.monotonic()
                 if isinstance(self._value, MetricsSnapshot):
@@ -213,3 +224,129 @@ class SnapshotCache:
                 else:
                     log.warning("%s", self._value.message)
             return self._value
+
+
+# --- rollout analysis: per-revision figures over one window --------------------------------
+
+MIN_WINDOW_SECONDS = 30  # increase() needs two scrapes in the window, even at 15 s scrapes
+
+
+@dataclass(frozen=True)
+class TrackWindow:
+    """One revision's figures over the analysis window (None: no series)."""
+
+    ttft_p95_seconds: float | None  # p95 of vllm:time_to_first_token_seconds
+    ttft_count: float  # requests with a first token in the window
+    requests: float  # finished requests (vllm:e2e_request_latency_seconds_count)
+    preemptions: float | None  # vllm:num_preemptions_total increase
+    in_flight: float | None  # running + waiting now
+
+
+def build_window_queries(
+    namespace: str, pool: str, revisions: tuple[str, ...], window_seconds: int
+) -> dict[str, str]:
+    """The PromQL of one analysis, grouped by revision so both tracks share the window.
+
+    >>> q = build_window_queries("ns", "chat", ("a", "b"), 60)
+    >>> q["ttft_p95"].startswith("histogram_quantile(0.95, sum by (kvpool_revision, le)")
+    True
+    """
+    sel = (
+        f'{{{LABEL_NAMESPACE}="{namespace}",{LABEL_POOL}="{pool}",'
+        f'{LABEL_REVISION}=~"{"|".join(revisions)}"}}'
+    )
+    w = f"[{max(int(window_seconds), MIN_WINDOW_SECONDS)}s]"
+    by = f"sum by ({LABEL_REVISION})"
+    return {
+        "ttft_p95": (
+            f"histogram_quantile(0.95, sum by ({LABEL_REVISION}, le) "
+            f"(increase(vllm:time_to_first_token_seconds_bucket{sel}{w})))"
+        ),
+        "ttft_count": f"{by} (increase(vllm:time_to_first_token_seconds_count{sel}{w}))",
+        "requests": f"{by} (increase(vllm:e2e_request_latency_seconds_count{sel}{w}))",
+        "preemptions": f"{by} (increase(vllm:num_preemptions_total{sel}{w}))",
+        "running": f"{by} (vllm:num_requests_running{sel})",
+        "waiting": f"{by} (vllm:num_requests_waiting{sel})",
+    }
+
+
+def _by_revision(series: list[dict[str, Any]]) -> dict[str, float]:
+    """Values by revision; NaN is kept (an empty histogram window gives NaN)."""
+    values: dict[str, float] = {}
+    for item in series:
+        try:
+            values[item.get("metric", {}).get(LABEL_REVISION, "")] = float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return values
+
+
+def fetch_track_windows(
+    prom: PrometheusConnect,
+    namespace: str,
+    pool: str,
+    revisions: tuple[str, ...],
+    window_seconds: int,
+    timeout: float = 5.0,
+) -> dict[str, TrackWindow] | PrometheusUnavailable:
+    """Each revision's window figures (blocking; run it in a thread)."""
+    queries = build_window_queries(namespace, pool, revisions, window_seconds)
+    try:
+        raw = {k: _by_revision(prom.custom_query(q, timeout=timeout)) for k, q in queries.items()}
+    except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
+        return PrometheusUnavailable(f"Prometheus at {prom.url} unreachable: {exc}"[:500])
+    result = {}
+    for rev in revisions:
+        running, waiting = raw["running"].get(rev), raw["waiting"].get(rev)
+        result[rev] = TrackWindow(
+            ttft_p95_seconds=raw["ttft_p95"].get(rev),
+            ttft_count=raw["ttft_count"].get(rev, 0.0),
+            requests=raw["requests"].get(rev, 0.0),
+            preemptions=raw["preemptions"].get(rev),
+            in_flight=(running or 0.0) + (waiting or 0.0)
+            if running is not None or waiting is not None
+            else None,
+        )
+    return result
+
+
+def fetch_track_in_flight(
+    prom: PrometheusConnect, namespace: str, pool: str, track: str, timeout: float = 5.0
+) -> float | PrometheusUnavailable | None:
+    """Requests running + waiting on a track's engines (``kvpool_track`` label); None when
+    no engine of the track reports (blocking; run it in a thread)."""
+    sel = f'{{{LABEL_NAMESPACE}="{namespace}",{LABEL_POOL}="{pool}",{LABEL_TRACK}="{track}"}}'
+    total: float | None = None
+    try:
+        for metric in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            for item in prom.custom_query(f"sum({metric}{sel})", timeout=timeout):
+                total = (total or 0.0) + float(item["value"][1])
+    except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
+        return PrometheusUnavailable(f"Prometheus at {prom.url} unreachable: {exc}"[:500])
+    return total
+
+
+async def fetch_track_windows_async(
+    cache: SnapshotCache,
+    namespace: str,
+    pool: str,
+    revisions: tuple[str, ...],
+    window_seconds: int,
+) -> dict[str, TrackWindow] | PrometheusUnavailable | None:
+    """:func:`fetch_track_windows` through the cache's client (None: no Prometheus)."""
+    if cache.prom is None:
+        return None
+    return await asyncio.to_thread(
+        fetch_track_windows, cache.prom, namespace, pool, revisions, window_seconds, cache.timeout
+    )
+
+
+async def fetch_track_in_flight_async(
+    cache: SnapshotCache, namespace: str, pool: str, track: str
+) -> float | PrometheusUnavailable | None:
+    """:func:`fetch_track_in_flight` through the cache's client (None: no Prometheus)."""
+    if cache.prom is None:
+        return None
+    return await asyncio.to_thread(
+        fetch_track_in_flight, cache.prom, namespace, pool, track, cache.timeout
+    )

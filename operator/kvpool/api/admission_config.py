@@ -90,6 +90,19 @@ class Endpoint(_Compiled):
     ready: bool = True
 
 
+class TrackPlan(_Compiled):
+    """A track's own admission plan (the canary's: its measured KV over its replicas)."""
+
+    replicas: int
+    tokens_per_replica: int
+    slots_per_replica: int
+    total_tokens: int
+    total_slots: int
+    shared_tokens: int
+    shared_slots: int
+    tiers: dict[str, TierAllocation]
+
+
 class Track(_Compiled):
     """A revision of a pool's engine: stable or canary."""
 
@@ -99,6 +112,10 @@ class Track(_Compiled):
         ge=0, le=100, description="Percent of eligible traffic (stable gets the rest)."
     )
     endpoints: list[Endpoint] = Field(default_factory=list)
+    plan: TrackPlan | None = Field(
+        default=None,
+        description="The track's own plan (canary); absent: the pool's plan (stable).",
+    )
 
 
 class CompiledPool(_Compiled):
@@ -123,7 +140,11 @@ class CompiledPool(_Compiled):
     shared_slots: int
     tiers: dict[str, TierAllocation]
     canary_tiers: list[str] = Field(
-        default_factory=list, description="Tiers allowed on the canary; empty means all."
+        default_factory=list,
+        description=(
+            "Tiers allowed on the canary; empty means all. The operator lists them "
+            "explicitly (spec.rollout.canaryTiers, else the top tier; every tier at promotion)."
+        ),
     )
     tracks: list[Track] = Field(default_factory=list)
     plan_ok: bool = Field(

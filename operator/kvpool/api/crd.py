@@ -101,6 +101,15 @@ CRD_KINDS: tuple[CrdKind, ...] = (
                 "KV tokens guaranteed to the highest-priority tier (e.g. interactive).",
             ),
             PrinterColumn("Phase", "string", ".status.phase", "Pool phase at a glance."),
+            PrinterColumn(
+                "Revision", "string", ".status.rollout.stableRevision", "Stable engine revision."
+            ),
+            PrinterColumn(
+                "Rollout",
+                "string",
+                ".status.rollout.phase",
+                "Rollout phase: Idle, Progressing, Paused, Promoted or Aborted.",
+            ),
         ),
     ),
     CrdKind(

@@ -32,3 +32,4 @@ class OperatorConfig:
     lease_duration: float = 15.0  # seconds a standby waits after the leader's last renew
     identity: str = ""  # this replica's holder identity (default: host name = pod name)
     allow_static_endpoints: bool = False  # honour kvpool.dev/static-endpoints (local mode)
+    rollout_recheck: float = 2.0  # re-reconcile period while the KV gate waits (0: ticks only)

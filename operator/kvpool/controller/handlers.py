@@ -37,7 +37,7 @@ from kvpool.controller.context import Operator
 from kvpool.controller.leader import LeaderElector
 from kvpool.controller.pool import cleanup_pool
 from kvpool.controller.watches import start_watches
-from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
+from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, LABEL_TRACK, MANAGED_BY
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,9 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         ready = int((body.get("status") or {}).get("readyReplicas") or 0)
         pool = kw["labels"][LABEL_POOL]
         known = op.statuses.get((ns, pool))
-        recorded = known.replicas.ready if known is not None and known.replicas else None
+        canary = kw["labels"].get(LABEL_TRACK) == "canary"
+        counts = known.replicas if known is not None else None
+        recorded = (counts.canary if canary else counts.ready) if counts is not None else None
         if recorded is not None and recorded != ready and op.cache.pools.get(ns, {}).get(pool):
             await op.pools.request((ns, pool))  # readiness changed since the last status
 

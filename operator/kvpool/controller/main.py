@@ -121,6 +121,7 @@ def build_config(args: argparse.Namespace) -> OperatorConfig:
         lease_duration=_seconds(args.lease_duration),
         identity=args.identity,
         allow_static_endpoints=args.allow_static_endpoints,
+        rollout_recheck=float(os.environ.get("KVPOOL_ROLLOUT_RECHECK_SECONDS", "2")),
     )
 
 

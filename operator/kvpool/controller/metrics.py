@@ -65,6 +65,20 @@ class OperatorMetrics:
             "1 while this replica holds the leader Lease (acts), 0 while it stands by.",
             registry=r,
         )
+        self.rollout_phase = Gauge(
+            "kvpool_rollout_phase",
+            "1 for the current rollout phase of a pool (Idle, Progressing, Paused, Promoted, "
+            "Aborted), 0 for the others.",
+            ["namespace", "pool", "phase"],
+            registry=r,
+        )
+        self.rollout_gate_value = Gauge(
+            "kvpool_rollout_gate_value",
+            "The last figure a rollout gate compared, per track (kvCapacity: KV tokens per "
+            "replica; ttftP95: seconds; preemptionsPerRequest).",
+            ["namespace", "pool", "gate", "track"],
+            registry=r,
+        )
 
     def record_conditions(
         self, namespace: str, pool: str, conditions: Iterable[tuple[str, str]]

@@ -7,6 +7,7 @@ the outcome in ``status`` and Events:
 
     observe pool + policy + metrics -> check (kvpool validate's checks, domain/validity)
     -> assess capacity -> plan -> decide warm replicas
+    -> rollout (controller/rollout.py: canary children, status.rollout)
     -> apply Deployment, Service, PDB -> status (+ Events) -> request a config publish
 
 Fail-static: when Prometheus is unreachable or returns nothing, the last measurement is
@@ -22,6 +23,7 @@ so an operator killed mid-reconcile and restarted converges without duplicates.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Mapping
@@ -39,6 +41,7 @@ from kvpool.controller.observe import (
     prior_status,
     static_endpoints,
 )
+from kvpool.controller.rollout import reconcile_rollout, scale_stable, stable_revision_of
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import parse_static_endpoints
 from kvpool.domain.measurement import assess_capacity, decide_pool_warm_replicas
@@ -51,6 +54,8 @@ from kvpool.domain.pool_status import (
     plan_events,
 )
 from kvpool.domain.revision import revision_of
+from kvpool.domain.rollout.machine import to_rfc3339
+from kvpool.domain.rollout.status import build_rollout_status
 from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 
 if TYPE_CHECKING:
@@ -114,7 +119,10 @@ async def _plan_and_apply(
     op: Operator, body: Body, pool: ModelPool, policy: TierPolicy, prior: ModelPoolStatus | None
 ) -> None:
     namespace, name = pool.metadata.namespace or "default", pool.metadata.name
-    now, revision = utc_now(), revision_of(pool.spec)
+    moment = datetime.datetime.now(datetime.UTC)
+    now, spec_revision = to_rfc3339(moment), revision_of(pool.spec)
+    # capacity is planned on the revision stable runs (a canary is planned on its own)
+    revision = stable_revision_of(prior, spec_revision)
     metrics, metrics_message, readings, load = await observe_metrics(op, namespace, name, revision)
     declared = pool.spec.capacity.kv_tokens_per_replica
     previous = prior.capacity if prior is not None else None
@@ -124,7 +132,11 @@ async def _plan_and_apply(
     op.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
     op.metrics.warm_replicas.labels(namespace, name).set(warm)
 
-    deployment = await _apply_children(op, body, pool, revision, warm)
+    rollout = await reconcile_rollout(
+        op, pool, policy, prior, spec_revision, assessment.kv_tokens, warm, moment
+    )
+    pin = rollout.actions.pin_stable
+    deployment = await _apply_children(op, body, pool, spec_revision, warm, pin)
     static = static_endpoints(op, pool)
     ready = (
         len(parse_static_endpoints(static))
@@ -133,7 +145,7 @@ async def _plan_and_apply(
     )
     observation = PoolObservation(
         generation=pool.metadata.generation,
-        revision=revision,
+        revision=spec_revision,
         assessment=assessment,
         plan=plan,
         warm_replicas=warm,
@@ -144,18 +156,31 @@ async def _plan_and_apply(
         now=now,
     )
     status = build_pool_status(prior, observation, declared)
+    status = build_rollout_status(
+        status, rollout.status, rollout.canary_ready, pool.metadata.generation, now
+    )
     await write_status(op, body, prior, status, assessment)
+    for event in rollout.decision.events:
+        await kube.create_event(op.kube, body, event.type, event.reason, event.message, now)
 
 
 async def _apply_children(
-    op: Operator, body: Body, pool: ModelPool, revision: str, warm: int
+    op: Operator, body: Body, pool: ModelPool, revision: str, warm: int, pin: bool
 ) -> kube.JsonObject:
     """Deployment, Service and PDB of the stable track; returns the Deployment. A child
-    whose owned fields were edited by hand is restored, with a Warning Event saying so."""
-    deployment, action = await kube.apply_deployment(
-        op.kube, m.build_deployment(pool, revision, warm, "stable")
-    )
-    restored = ["Deployment"] if action == "restored" else []
+    whose owned fields were edited by hand is restored, with a Warning Event saying so.
+
+    While a rollout pins stable (``pin``), its Deployment is only scaled: the spec now
+    defines the canary's revision, and the stable template must stay as it is.
+    """
+    restored: list[str] = []
+    if pin:
+        deployment = await scale_stable(op, pool, warm)
+    else:
+        deployment, action = await kube.apply_deployment(
+            op.kube, m.build_deployment(pool, revision, warm, "stable")
+        )
+        restored += ["Deployment"] if action == "restored" else []
     await _testing_pause(op)
     _, action = await kube.apply_service(op.kube, m.build_service(pool, "stable"))
     restored += ["Service"] if action == "restored" else []
@@ -184,13 +209,17 @@ async def write_status(
     meta = body["metadata"]
     key = (meta.get("namespace") or "default", meta["name"])
     if prior is None or prior.to_wire() != status.to_wire():
-        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], status.to_wire())
+        wire = status.to_wire()
+        if status.rollout is not None:
+            # explicit nulls: a merge-patch removes a rollout field only when sent as null
+            wire["rollout"] = status.rollout.model_dump(by_alias=True, mode="json")
+        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], wire)
         for event in plan_events(prior, status, assessment):
             await kube.create_event(
                 op.kube, body, event.type, event.reason, event.message, utc_now()
             )
     op.statuses[key] = status  # only once written: a failed write is retried next time
-    op.metrics.record_conditions(*key, ((c.type, c.status) for c in status.conditions))
+    op.metrics.record_conditions(*key, ((k.type, k.status) for k in status.conditions))
 
 
 async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:

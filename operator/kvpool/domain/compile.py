@@ -37,6 +37,7 @@ from kvpool.api.admission_config import (
     Endpoint,
     TierAllocation,
     Track,
+    TrackPlan,
 )
 from kvpool.api.common import parse_duration
 from kvpool.api.modelpool import ModelPool, PlanStatus
@@ -57,13 +58,64 @@ class PodView:
 
 
 @dataclass(frozen=True)
+class CanaryInput:
+    """The canary track of a pool during a rollout (from ``status.rollout``)."""
+
+    revision: str  # the canary revision
+    weight: int  # percent of canary-eligible traffic
+    all_tiers: bool  # promotion: every tier may reach the canary
+    plan: PlanStatus | None  # the canary's own plan (None: admit nothing on it)
+    endpoints: tuple[Endpoint, ...]  # canary endpoints (pods or static)
+
+
+@dataclass(frozen=True)
 class PoolInput:
     """One pool as the operator knows it right now."""
 
     pool: ModelPool
     plan: PlanStatus | None  # the plan being enforced (None: no plan ever made)
-    revision: str  # current engine revision
+    revision: str  # the stable engine revision
     endpoints: tuple[Endpoint, ...]  # stable-track endpoints (pods or static)
+    canary: CanaryInput | None = None  # the canary track while a rollout runs
+
+
+def build_track_plan(plan: PlanStatus) -> TrackPlan:
+    """A plan as a track's own plan in the compiled config."""
+    return TrackPlan(
+        replicas=plan.replicas,
+        tokens_per_replica=plan.usable_kv_tokens_per_replica,
+        slots_per_replica=plan.live_sequences_per_replica,
+        total_tokens=plan.total_tokens,
+        total_slots=plan.total_slots,
+        shared_tokens=plan.shared_tokens,
+        shared_slots=plan.shared_slots,
+        tiers={
+            t.name: TierAllocation(
+                floor_tokens=t.floor_tokens,
+                floor_slots=t.floor_slots,
+                lendable_tokens=t.lendable_tokens,
+                lendable_slots=t.lendable_slots,
+            )
+            for t in plan.tiers
+        },
+    )
+
+
+def build_canary_tiers(item: PoolInput, policy: TierPolicy | None) -> list[str]:
+    """Tiers allowed on the canary: every tier at promotion, else ``canaryTiers``, else
+    the policy's top tier (batch tiers stay on stable unless listed).
+
+    Without a canary the spec's list is kept as it is (informational).
+    """
+    spec_tiers = list(item.pool.spec.rollout.canary_tiers)
+    if item.canary is None:
+        return spec_tiers
+    names = [t.name for t in policy.spec.tiers] if policy is not None else []
+    if item.canary.all_tiers:
+        return names
+    if spec_tiers:
+        return spec_tiers
+    return names[:1]
 
 
 @dataclass(frozen=True)
@@ -153,7 +205,33 @@ def build_compiled_policy(policy: TierPolicy) -> CompiledTierPolicy:
     )
 
 
-def build_compiled_pool(item: PoolInput) -> CompiledPool:
+def build_tracks(item: PoolInput) -> list[Track]:
+    """The stable track and, during a rollout, the canary track with its own plan."""
+    canary = item.canary
+    weight = canary.weight if canary is not None else 0
+    tracks = [
+        Track(
+            name="stable",
+            revision=item.revision,
+            weight=100 - weight,
+            endpoints=list(item.endpoints),
+        )
+    ]
+    if canary is not None:
+        tracks.append(
+            Track(
+                name="canary",
+                revision=canary.revision,
+                # a canary without a plan of its own admits nothing: route nothing to it
+                weight=weight if canary.plan is not None else 0,
+                endpoints=list(canary.endpoints),
+                plan=build_track_plan(canary.plan) if canary.plan is not None else None,
+            )
+        )
+    return tracks
+
+
+def build_compiled_pool(item: PoolInput, policy: TierPolicy | None = None) -> CompiledPool:
     """A pool with its plan; no plan means ``planOk: false`` (the gateway admits nothing)."""
     spec = item.pool.spec
     plan = item.plan
@@ -185,10 +263,8 @@ def build_compiled_pool(item: PoolInput) -> CompiledPool:
         shared_tokens=plan.shared_tokens if plan else 0,
         shared_slots=plan.shared_slots if plan else 0,
         tiers=tiers,
-        canary_tiers=list(spec.rollout.canary_tiers),
-        tracks=[
-            Track(name="stable", revision=item.revision, weight=100, endpoints=list(item.endpoints))
-        ],
+        canary_tiers=build_canary_tiers(item, policy),
+        tracks=build_tracks(item),
         plan_ok=plan is not None,
     )
 
@@ -231,6 +307,7 @@ def build_admission_config(
 ) -> CompiledNamespace:
     """The admission config of one namespace (deterministic: everything sorted by name)."""
     ordered_policies = sorted(policies, key=lambda p: p.metadata.name)
+    by_name = {p.metadata.name: p for p in ordered_policies}
     skipped = tuple(
         (t.budget.metadata.name, SKIPPED_NO_KEY)
         for t in sorted(tenants, key=lambda t: t.budget.metadata.name)
@@ -240,7 +317,10 @@ def build_admission_config(
         namespace=namespace,
         generated_at=generated_at,
         tier_policies=[build_compiled_policy(p) for p in ordered_policies],
-        pools=[build_compiled_pool(p) for p in sorted(pools, key=lambda p: p.pool.metadata.name)],
+        pools=[
+            build_compiled_pool(p, by_name.get(p.pool.spec.tier_policy_ref.name))
+            for p in sorted(pools, key=lambda p: p.pool.metadata.name)
+        ],
         tenants=[
             build_compiled_tenant(t, ordered_policies)
             for t in sorted(tenants, key=lambda t: (t.budget.spec.tenant, t.budget.metadata.name))

@@ -39,6 +39,7 @@ MODELPOOL_CONDITION_TYPES = (
     FLOOR_TOO_SMALL,
     CONFIG_STALE,
 )
+PROGRESSING = "Progressing"  # a canary rollout; set by kvpool.domain.rollout.status
 
 # --- reasons ---------------------------------------------------------------------------------
 # Ready
@@ -77,6 +78,10 @@ AS_EXPECTED = "AsExpected"
 # ConfigStale
 KEPT_LAST_GOOD = "KeptLastGood"  # the last good plan/config is kept (fail-static)
 CONFIG_CURRENT = "ConfigCurrent"  # the published plan is the current spec's
+# Progressing (True: Rollout<Stage>, e.g. RolloutAnalyzing; False: the pause reason, or)
+NO_ROLLOUT = "NoRollout"
+ROLLOUT_ABORTED = "RolloutAborted"
+ROLLOUT_PROMOTED = "RolloutPromoted"
 
 # --- TenantBudget / TierPolicy ---------------------------------------------------------------
 KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type

@@ -122,6 +122,39 @@ def canary_eligible(pool: CompiledPool, tier: str) -> bool:
     return not pool.canary_tiers or tier in pool.canary_tiers
 
 
+def build_track_pool(pool: CompiledPool, track: str) -> CompiledPool | None:
+    """The pool as one track's admission controller sees it: that track's endpoints and
+    that track's plan (the canary's own plan; stable keeps the pool's). None when the
+    pool has no such track, or the track has no plan of its own (canary).
+
+    Each track admits against what *it* holds: a canary with half the KV tokens per
+    replica and one replica gets floors over one half-size replica, never stable's.
+
+    >>> # see tests/unit/test_routing.py::test_track_pool_*
+    """
+    chosen = next((t for t in pool.tracks if t.name == track), None)
+    if chosen is None:
+        return None
+    if track == STABLE or chosen.plan is None:
+        if track != STABLE:
+            return None
+        return pool.model_copy(update={"tracks": [chosen]})
+    plan = chosen.plan
+    return pool.model_copy(
+        update={
+            "tracks": [chosen],
+            "replicas": plan.replicas,
+            "tokens_per_replica": plan.tokens_per_replica,
+            "slots_per_replica": plan.slots_per_replica,
+            "total_tokens": plan.total_tokens,
+            "total_slots": plan.total_slots,
+            "shared_tokens": plan.shared_tokens,
+            "shared_slots": plan.shared_slots,
+            "tiers": dict(plan.tiers),
+        }
+    )
+
+
 def decide_track(pool: CompiledPool, tier: str, draw: float) -> TrackVerdict:
     """Stable or canary for one request of ``tier``; ``draw`` is uniform in [0, 1).
 

@@ -7,14 +7,22 @@ mutator returns, call ``expire`` when the earliest queued deadline comes, and ta
 replica out of routing while outlier ejection (:mod:`kvpool.gateway.ejection`) says so.
 That is this class; it holds no policy of its own.
 
-Time is the event loop's monotonic clock (``loop.time()``), passed to the controller.
+Per-track admission: during a rollout the pool has a stable and a canary track, and each
+track admits against what *it* holds - one controller per track, each built from
+:func:`kvpool.domain.routing.build_track_pool` (the canary's own plan: its measured KV
+tokens per replica and floors over its replicas). A request goes to the controller of the
+track :func:`~kvpool.domain.routing.decide_track` chose; a track that left the config
+keeps its controller until its in-flight reservations are released.
+
+Time is the event loop's monotonic clock (``loop.time()``), passed to the controllers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
 from kvpool.domain.admission import (
@@ -26,6 +34,7 @@ from kvpool.domain.admission import (
     Reject,
     Wakeups,
 )
+from kvpool.domain.routing import STABLE, build_track_pool
 from kvpool.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("kvpool.gateway")
@@ -43,7 +52,9 @@ class PoolRuntime:
         metrics: GatewayMetrics,
     ) -> None:
         self.pool = pool
-        self.controller = AdmissionController(pool, tiers)
+        self.controllers: dict[str, AdmissionController] = {}
+        self._reserved: dict[str, str] = {}  # reservation id -> track
+        self._build_controllers(pool, tiers)
         self.metrics = metrics
         self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
         self._expiry: asyncio.TimerHandle | None = None
@@ -55,9 +66,47 @@ class PoolRuntime:
         """The admission clock (the loop's monotonic time)."""
         return asyncio.get_running_loop().time()
 
+    @property
+    def controller(self) -> AdmissionController:
+        """The stable track's controller (the pool's plan)."""
+        return self.controllers[STABLE]
+
+    def _track_pool(self, pool: CompiledPool, track: str) -> CompiledPool | None:
+        if track == STABLE:
+            return build_track_pool(pool, STABLE) or pool.model_copy(update={"tracks": []})
+        return build_track_pool(pool, track)
+
+    def _build_controllers(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
+        for track in [STABLE, *(t.name for t in pool.tracks if t.name != STABLE)]:
+            view = self._track_pool(pool, track)
+            if view is not None:
+                self.controllers[track] = AdmissionController(view, tiers)
+
+    def _controller_for(self, request: AdmissionRequest) -> tuple[str, AdmissionRequest]:
+        track = request.track or STABLE
+        if track not in self.controllers or (
+            track != STABLE and not any(t.name == track for t in self.pool.tracks)
+        ):
+            # the track has no controller (no plan of its own): admit on stable
+            return STABLE, dataclasses.replace(request, track=STABLE if request.track else None)
+        return track, request
+
     async def admit(self, request: AdmissionRequest) -> Admit | Reject:
-        """Offer the request; wait if it is queued. Cancelling the caller withdraws it."""
-        verdict = self.controller.offer(request, self.now())
+        """Offer the request on its track; wait if queued. Cancelling the caller withdraws it."""
+        track, request = self._controller_for(request)
+        self._reserved[request.request_id] = track
+        try:
+            return await self._admit(track, request)
+        finally:
+            self._forget_unless_admitted(request.request_id, track)
+
+    def _forget_unless_admitted(self, request_id: str, track: str) -> None:
+        controller = self.controllers.get(track)
+        if controller is None or controller.verdict_of(request_id) != "admitted":
+            self._reserved.pop(request_id, None)
+
+    async def _admit(self, track: str, request: AdmissionRequest) -> Admit | Reject:
+        verdict = self.controllers[track].offer(request, self.now())
         if not isinstance(verdict, Queue):
             self._record(verdict)
             self._schedule_expiry()
@@ -69,50 +118,92 @@ class PoolRuntime:
         try:
             result = await future
         except asyncio.CancelledError:
-            self._withdraw(request.request_id, future)
+            self._withdraw(track, request.request_id, future)
             raise
         finally:
             self._waiters.pop(request.request_id, None)
         self._record(result)
         return result
 
-    def _withdraw(self, request_id: str, future: asyncio.Future[Admit | Reject]) -> None:
+    def _withdraw(
+        self, track: str, request_id: str, future: asyncio.Future[Admit | Reject]
+    ) -> None:
         if future.done() and not future.cancelled():
             result = future.result()
             if isinstance(result, Admit):
                 self.release(result.reservation_id)
             return
-        self._apply(self.controller.cancel(request_id, self.now()))
+        self._apply(self.controllers[track].cancel(request_id, self.now()), track)
 
     def release(self, reservation_id: str, actual_tokens: int | None = None) -> None:
         """End a reservation (idempotent) and start whatever can start now."""
-        self._apply(self.controller.release(reservation_id, self.now(), actual_tokens))
+        track = self._reserved.pop(reservation_id, STABLE)
+        controller = self.controllers.get(track) or self.controller
+        self._apply(controller.release(reservation_id, self.now(), actual_tokens), track)
+        self._drop_retired()
 
     def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
-        """Adopt a new plan, keeping in-flight reservations."""
-        self.pool = pool
-        self._apply(self.controller.reconfigure(pool, tiers, self.now()))
+        """Adopt a new plan on every track, keeping in-flight reservations."""
+        old, self.pool = self.pool, pool
+        listed = {t.name for t in pool.tracks} | {STABLE}
+        for track in sorted(listed | set(self.controllers)):
+            view = self._track_pool(pool, track) if track in listed else None
+            controller = self.controllers.get(track)
+            if view is None and controller is not None:
+                # the track left the config: route nothing new to it; its queue is
+                # rejected at its deadline and its reservations end normally
+                view = self._retired_view(old, track)
+            if view is None:
+                continue
+            if controller is None:
+                self.controllers[track] = AdmissionController(view, tiers)
+            else:
+                self._apply(controller.reconfigure(view, tiers, self.now()), track)
         for name in self._ejected:  # a new config does not bring an ejected replica back
-            self._apply(self.controller.set_replica_ready(name, False, self.now()))
+            for track, controller in list(self.controllers.items()):
+                self._apply(controller.set_replica_ready(name, False, self.now()), track)
+        self._drop_retired()
+
+    def _each(self, call: Callable[[AdmissionController], Wakeups]) -> None:
+        """Apply one mutation to every track's controller."""
+        for track, controller in list(self.controllers.items()):
+            self._apply(call(controller), track)
 
     def set_borrowing_paused(self, paused: bool) -> None:
         """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
-        self._apply(self.controller.set_borrowing_paused(paused, self.now()))
+        self._each(lambda c: c.set_borrowing_paused(paused, self.now()))
 
     def set_lent_limit(self, tier: str, limit: int | None) -> None:
         """Limit the requests of tiers below ``tier`` running on borrowed capacity."""
-        self._apply(self.controller.set_lent_limit(tier, limit, self.now()))
+        self._each(lambda c: c.set_lent_limit(tier, limit, self.now()))
 
     def set_replica_ejected(self, name: str, ejected: bool) -> None:
         """Take a replica out of routing, or put it back if the config lists it ready
         (outlier ejection decides when: :mod:`kvpool.gateway.ejection`)."""
         if ejected:
             self._ejected.add(name)
-            self._apply(self.controller.set_replica_ready(name, False, self.now()))
+            self._each(lambda c: c.set_replica_ready(name, False, self.now()))
             return
         self._ejected.discard(name)
         if any(e.ready and e.name == name for t in self.pool.tracks for e in t.endpoints):
-            self._apply(self.controller.set_replica_ready(name, True, self.now()))
+            self._each(lambda c: c.set_replica_ready(name, True, self.now()))
+
+    def _retired_view(self, old: CompiledPool, track: str) -> CompiledPool:
+        """The last view of a track that left the config, with no ready endpoint."""
+        stale = next((t for t in old.tracks if t.name == track), None)
+        view = self._track_pool(old, track) or old
+        if stale is None:
+            return view.model_copy(update={"tracks": []})
+        endpoints = [e.model_copy(update={"ready": False}) for e in stale.endpoints]
+        gone = stale.model_copy(update={"endpoints": endpoints, "weight": 0})
+        return view.model_copy(update={"tracks": [gone]})
+
+    def _drop_retired(self) -> None:
+        listed = {t.name for t in self.pool.tracks}
+        for track in [t for t in self.controllers if t != STABLE and t not in listed]:
+            busy = track in self._reserved.values()
+            if not busy and self.controllers[track].next_deadline() is None:
+                del self.controllers[track]
 
     def close(self) -> None:
         """The pool left the config: reject whoever still waits; in-flight requests finish."""
@@ -133,7 +224,7 @@ class PoolRuntime:
         self._expiry = None
 
     def snapshot(self) -> AdmissionSnapshot:
-        """The controller's in-use vs plan view."""
+        """The stable track's in-use vs plan view (the pool's plan)."""
         return self.controller.snapshot()
 
     def _record(self, verdict: Admit | Reject) -> None:
@@ -144,19 +235,22 @@ class PoolRuntime:
             if verdict.preempts:
                 self.metrics.preempt_admissions.labels(self.pool.name).inc()
 
-    def _apply(self, wakeups: Wakeups) -> None:
+    def _apply(self, wakeups: Wakeups, track: str = STABLE) -> None:
         verdicts: list[Admit | Reject] = [*wakeups.admitted, *wakeups.rejected]
+        controller = self.controllers.get(track) or self.controller
         for verdict in verdicts:
             future = self._waiters.get(verdict.request_id)
             if future is not None and not future.done():
                 future.set_result(verdict)
             elif isinstance(verdict, Admit):
                 # its caller is gone (cancelled between the decision and now): give it back
-                self._apply(self.controller.release(verdict.reservation_id, self.now()))
+                self._reserved.pop(verdict.reservation_id, None)
+                self._apply(controller.release(verdict.reservation_id, self.now()), track)
         self._schedule_expiry()
 
     def _schedule_expiry(self) -> None:
-        deadline = self.controller.next_deadline()
+        deadlines = [d for c in self.controllers.values() if (d := c.next_deadline()) is not None]
+        deadline = min(deadlines) if deadlines else None
         if deadline == self._expiry_at:
             return
         if self._expiry is not None:
@@ -170,4 +264,6 @@ class PoolRuntime:
     def _expire(self) -> None:
         self._expiry = None
         self._expiry_at = None
-        self._apply(self.controller.expire(self.now()))
+        for track, controller in list(self.controllers.items()):
+            self._apply(controller.expire(self.now()), track)
+        self._drop_retired()

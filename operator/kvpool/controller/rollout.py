@@ -1,0 +1,416 @@
+"""The canary rollout of a ModelPool: observe both tracks -> decide (pure) -> apply the
+canary children -> hand the rollout status and Events back to the pool reconciler.
+
+Why it exists: a change to what defines the engine (the revision, domain/revision.py) must
+not patch the stable Deployment in place. This module observes what the state machine
+(:func:`kvpool.domain.rollout.machine.decide_rollout`) needs - the canary's readiness,
+schedulability and measured KV, both tracks' TTFT and preemptions over the same
+Prometheus window, the stable track's in-flight requests while it drains, the
+``kvpool.dev/rollout`` annotation - and applies what the decision implies: the
+``<pool>-canary`` Deployment and Service (created, scaled, deleted), the canary track's
+own plan (:func:`kvpool.domain.rollout.track_plan.plan_canary`), gauges and Events.
+
+State lives only in ``status.rollout``; the children are a function of it
+(:func:`~kvpool.domain.rollout.machine.actions_of`) and have fixed names, so an operator
+killed at any point and restarted converges: no second canary, stable kept (the stable
+Deployment is only *scaled* while a rollout is active, its template pinned), and no step
+advanced without a fresh analysis.
+
+Local mode (no pods: the API emulator, a laptop): the ModelPool annotation
+``kvpool.dev/canary-static-endpoints`` lists the canary's engines (same syntax as
+``kvpool.dev/static-endpoints``) and counts as its ready replicas; nothing else reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvpool.adapters import kube
+from kvpool.adapters.prometheus import (
+    MetricsSnapshot,
+    PrometheusUnavailable,
+    TrackWindow,
+    fetch_track_in_flight_async,
+    fetch_track_windows_async,
+)
+from kvpool.api.admission_config import Endpoint
+from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutStatus
+from kvpool.api.tierpolicy import TierPolicy
+from kvpool.domain import manifests as m
+from kvpool.domain.compile import CanaryInput, PodView, build_endpoints, parse_static_endpoints
+from kvpool.domain.rollout.gates import TrackSample
+from kvpool.domain.rollout.machine import (
+    ANALYZING,
+    DRAINING,
+    DRAINING_CANARY,
+    PROGRESSING,
+    REPLACING,
+    STARTING,
+    RolloutActions,
+    RolloutDecision,
+    RolloutEvent,
+    RolloutObservation,
+    WindowAnalysis,
+    actions_of,
+    decide_rollout,
+    parse_rfc3339,
+)
+from kvpool.domain.rollout.track_plan import plan_canary
+
+if TYPE_CHECKING:
+    from kvpool.controller.context import Operator
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
+ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"
+PHASES = ("Idle", "Progressing", "Paused", "Promoted", "Aborted")
+_RECHECKS: set[tuple[str, str]] = set()  # pools with a recheck scheduled (this process)
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """What the pool reconciler needs back: the new status, the children, the Events."""
+
+    decision: RolloutDecision
+    canary_ready: int
+
+    @property
+    def status(self) -> RolloutStatus:
+        return self.decision.status
+
+    @property
+    def actions(self) -> RolloutActions:
+        return self.decision.actions
+
+
+def stable_revision_of(prior: ModelPoolStatus | None, spec_revision: str) -> str:
+    """The revision the stable track runs: the rollout's record, else the last status's
+    revision (a pool from before rollouts existed), else the spec's (a new pool)."""
+    if prior is not None and prior.rollout is not None and prior.rollout.stable_revision:
+        return prior.rollout.stable_revision
+    if prior is not None and prior.revision:
+        return prior.revision
+    return spec_revision
+
+
+def _seed(prior: ModelPoolStatus | None, spec_revision: str) -> RolloutStatus | None:
+    if prior is not None and prior.rollout is not None:
+        return prior.rollout
+    return RolloutStatus(phase="Idle", stable_revision=stable_revision_of(prior, spec_revision))
+
+
+async def _canary_deployment(op: Operator, pool: ModelPool) -> kube.JsonObject | None:
+    name = m.child_name(pool.metadata.name, "canary")
+    return await op.kube.get(kube.DEPLOYMENTS, pool.metadata.namespace or "default", name)
+
+
+def _ready(deployment: Mapping[str, Any] | None) -> int:
+    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+async def _unschedulable(op: Operator, pool: ModelPool) -> bool:
+    """Whether a canary pod is Pending with PodScheduled=False/Unschedulable."""
+    pods = await op.kube.list_objects(
+        kube.PODS,
+        pool.metadata.namespace or "default",
+        {m.LABEL_POOL: pool.metadata.name, m.LABEL_TRACK: "canary"},
+    )
+    return any(
+        cond.get("type") == "PodScheduled"
+        and cond.get("status") == "False"
+        and cond.get("reason") == "Unschedulable"
+        for pod in pods
+        for cond in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _min_kv(snapshot: object, namespace: str, pool: str, revision: str | None) -> int | None:
+    if revision is None or not isinstance(snapshot, MetricsSnapshot):
+        return None
+    readings = snapshot.readings_for(namespace, pool, revision)
+    return min((r.kv_tokens for r in readings), default=None)
+
+
+def _sample(value: float | None, samples: float) -> TrackSample:
+    return TrackSample(value, round(samples) if math.isfinite(samples) else 0)
+
+
+def build_window_analysis(stable: TrackWindow | None, canary: TrackWindow | None) -> WindowAnalysis:
+    """Both tracks' figures as the gates take them (preemptions per finished request)."""
+
+    def rate(w: TrackWindow | None) -> TrackSample:
+        if w is None or w.preemptions is None or w.requests <= 0:
+            return _sample(None, w.requests if w else 0.0)
+        return _sample(w.preemptions / w.requests, w.requests)
+
+    return WindowAnalysis(
+        stable_ttft=_sample(stable.ttft_p95_seconds, stable.ttft_count)
+        if stable
+        else _sample(None, 0),
+        canary_ttft=_sample(canary.ttft_p95_seconds, canary.ttft_count)
+        if canary
+        else _sample(None, 0),
+        stable_preemptions=rate(stable),
+        canary_preemptions=rate(canary),
+    )
+
+
+async def _analysis(
+    op: Operator, pool: ModelPool, prior: RolloutStatus | None, now: datetime.datetime
+) -> tuple[WindowAnalysis | None, int | None]:
+    """The window analysis when a step is analysing, and stable's in-flight when draining."""
+    if prior is None or prior.phase != PROGRESSING or prior.canary_revision is None:
+        return None, None
+    if prior.stage not in (ANALYZING, DRAINING):
+        return None, None
+    started = parse_rfc3339(prior.step_started_at) or now
+    window = int((now - started).total_seconds())
+    stable_rev, canary_rev = prior.stable_revision or "", prior.canary_revision
+    windows = await fetch_track_windows_async(
+        op.snapshots,
+        pool.metadata.namespace or "default",
+        pool.metadata.name,
+        (stable_rev, canary_rev),
+        window,
+    )
+    if windows is None:
+        return WindowAnalysis(error="the operator runs without --prometheus-url"), None
+    if isinstance(windows, PrometheusUnavailable):
+        return WindowAnalysis(error=windows.message), None
+    stable, canary = windows.get(stable_rev), windows.get(canary_rev)
+    in_flight = None
+    if stable is not None and stable.in_flight is not None:
+        in_flight = int(stable.in_flight)
+    return build_window_analysis(stable, canary), in_flight
+
+
+async def _canary_in_flight(
+    op: Operator, pool: ModelPool, prior: RolloutStatus | None
+) -> int | None:
+    """Requests still on the canary track while it drains (None: unknown)."""
+    if prior is None or prior.phase != PROGRESSING or prior.stage != DRAINING_CANARY:
+        return None
+    value = await fetch_track_in_flight_async(
+        op.snapshots, pool.metadata.namespace or "default", pool.metadata.name, "canary"
+    )
+    return int(value) if isinstance(value, float) else None
+
+
+async def _stable_updated(op: Operator, pool: ModelPool, revision: str, warm: int) -> bool:
+    """Whether the stable Deployment runs ``revision`` and is ready (local mode: labelled)."""
+    name = m.child_name(pool.metadata.name, "stable")
+    body = await op.kube.get(kube.DEPLOYMENTS, pool.metadata.namespace or "default", name)
+    if body is None:
+        return False
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    if labels.get(m.LABEL_REVISION) != revision:
+        return False
+    if pool.metadata.annotations.get(m.ANNOTATION_STATIC_ENDPOINTS):
+        return True
+    st = body.get("status") or {}
+    return bool(
+        int(st.get("updatedReplicas") or 0) >= warm
+        and int(st.get("readyReplicas") or 0) >= warm
+        and int(st.get("observedGeneration") or 0)
+        >= int((body.get("metadata") or {}).get("generation") or 0)
+    )
+
+
+async def reconcile_rollout(
+    op: Operator,
+    pool: ModelPool,
+    policy: TierPolicy,
+    prior: ModelPoolStatus | None,
+    spec_revision: str,
+    stable_kv: int | None,
+    warm: int,
+    now: datetime.datetime,
+) -> RolloutOutcome:
+    """Observe, decide and apply the canary side of a pool's rollout."""
+    namespace, name = pool.metadata.namespace or "default", pool.metadata.name
+    before = _seed(prior, spec_revision)
+    active = before is not None and before.canary_revision is not None
+    static = canary_static_endpoints(pool, op.config.allow_static_endpoints)
+    canary_ready, unschedulable = 0, False
+    if active and before is not None and before.canary_replicas > 0:
+        if static:
+            canary_ready = len(parse_static_endpoints(static))
+        else:
+            canary_ready = _ready(await _canary_deployment(op, pool))
+            unschedulable = canary_ready < before.canary_replicas and await _unschedulable(op, pool)
+    recheck = op.config.rollout_recheck
+    waiting = before is not None and before.phase == PROGRESSING and before.stage == STARTING
+    snapshot = await op.snapshots.get(max_age=recheck / 2 if waiting and recheck > 0 else None)
+    analysis, in_flight = await _analysis(op, pool, before, now)
+    replacing = before is not None and before.phase == PROGRESSING and before.stage == REPLACING
+    observation = RolloutObservation(
+        revision=spec_revision,
+        warm_replicas=warm,
+        canary_ready=canary_ready,
+        stable_kv=stable_kv,
+        canary_kv=_min_kv(snapshot, namespace, name, before.canary_revision if before else None),
+        canary_unschedulable=unschedulable,
+        analysis=analysis,
+        stable_in_flight=in_flight,
+        stable_updated=replacing and await _stable_updated(op, pool, spec_revision, warm),
+        action=pool.metadata.annotations.get(ANNOTATION_ROLLOUT),
+        now=now,
+        canary_in_flight=await _canary_in_flight(op, pool, before),
+    )
+    decision = decide_rollout(pool.spec.rollout, before, observation)
+    status = _with_canary_plan(decision.status, pool, policy, decision.actions, observation)
+    events = decision.events
+    was_short = before is not None and before.capacity_short_after_promotion
+    if status.capacity_short_after_promotion and not was_short:
+        events += (
+            RolloutEvent(
+                "Warning",
+                "CapacityShortAfterPromotion",
+                f"promoting {status.canary_revision} leaves the pool capacity short: "
+                + "; ".join(status.canary_plan.warnings if status.canary_plan else []),
+            ),
+        )
+    decision = RolloutDecision(status, decision.actions, events)
+    await apply_canary(op, pool, spec_revision, decision.actions)
+    _export(op, namespace, name, status)
+    ready = canary_ready if decision.actions.canary_replicas > 0 else 0
+    if status.phase == PROGRESSING and status.stage == STARTING and recheck > 0:
+        _recheck_soon(op, namespace, name, recheck)
+    return RolloutOutcome(decision=decision, canary_ready=ready)
+
+
+def _recheck_soon(op: Operator, namespace: str, name: str, seconds: float) -> None:
+    """Reconcile again shortly while the KV gate waits for the canary's first measurement:
+    the KV verdict must not wait for the next --measure-interval tick."""
+    key = (namespace, name)
+    if key in _RECHECKS:
+        return
+
+    async def later() -> None:
+        try:
+            await asyncio.sleep(min(seconds, op.config.measure_interval))
+        finally:
+            _RECHECKS.discard(key)
+        try:
+            await op.pools.request(key)
+        except Exception as exc:  # the next timer tick retries
+            log.warning("rollout recheck of %s/%s failed: %r", namespace, name, exc)
+
+    _RECHECKS.add(key)
+    task = asyncio.create_task(later())
+    op.background.add(task)
+    task.add_done_callback(op.background.discard)
+
+
+def _with_canary_plan(
+    status: RolloutStatus,
+    pool: ModelPool,
+    policy: TierPolicy,
+    actions: RolloutActions,
+    obs: RolloutObservation,
+) -> RolloutStatus:
+    """The canary track's own plan, and what promoting it would cost."""
+    if actions.canary_revision is None:
+        return status.model_copy(
+            update={
+                "canary_plan": None,
+                "replicas_after_promotion": None,
+                "capacity_short_after_promotion": None,
+            }
+        )
+    planned = plan_canary(pool, policy, obs.canary_kv, max(actions.canary_replicas, 1))
+    full = planned.full
+    return status.model_copy(
+        update={
+            "canary_plan": planned.track,
+            "replicas_after_promotion": getattr(full, "replicas", None),
+            "capacity_short_after_promotion": getattr(full, "capacity_short", None),
+        }
+    )
+
+
+async def apply_canary(
+    op: Operator, pool: ModelPool, revision: str, actions: RolloutActions
+) -> None:
+    """The ``<pool>-canary`` Deployment and Service, or their removal."""
+    namespace = pool.metadata.namespace or "default"
+    name = m.child_name(pool.metadata.name, "canary")
+    if actions.canary_revision is None:
+        for resource in (kube.DEPLOYMENTS, kube.SERVICES):
+            if await op.kube.get(resource, namespace, name) is not None:
+                await op.kube.delete(resource, namespace, name)
+        return
+    await kube.apply_deployment(
+        op.kube, m.build_deployment(pool, revision, actions.canary_replicas, "canary")
+    )
+    await kube.apply_service(op.kube, m.build_service(pool, "canary"))
+
+
+async def scale_stable(op: Operator, pool: ModelPool, replicas: int) -> kube.JsonObject:
+    """Scale the pinned stable Deployment (its template is left as it is)."""
+    namespace = pool.metadata.namespace or "default"
+    name = m.child_name(pool.metadata.name, "stable")
+    current = await op.kube.get(kube.DEPLOYMENTS, namespace, name)
+    if current is None:
+        log.warning(
+            "pool %s/%s: the stable Deployment is missing during a rollout", namespace, name
+        )
+        return {}
+    if (current.get("spec") or {}).get("replicas") == replicas:
+        return current
+    patched = await op.kube.merge_patch(
+        kube.DEPLOYMENTS, namespace, name, {"spec": {"replicas": replicas}}
+    )
+    return patched or current
+
+
+def canary_static_endpoints(pool: ModelPool, allowed: bool) -> str | None:
+    """The ``kvpool.dev/canary-static-endpoints`` annotation, honoured only with
+    ``--allow-static-endpoints`` (local mode), like ``kvpool.dev/static-endpoints``."""
+    return pool.metadata.annotations.get(ANNOTATION_CANARY_STATIC_ENDPOINTS) if allowed else None
+
+
+def build_canary_input(
+    pool: ModelPool,
+    status: ModelPoolStatus | None,
+    pods: list[PodView],
+    allow_static_endpoints: bool = False,
+) -> CanaryInput | None:
+    """The canary track of the compiled config, from ``status.rollout`` and its endpoints
+    (canary pods, or ``kvpool.dev/canary-static-endpoints`` in local mode)."""
+    rollout = status.rollout if status is not None else None
+    if rollout is None or rollout.canary_revision is None:
+        return None
+    actions = actions_of(pool.spec.rollout, rollout, rollout.canary_replicas)
+    static = canary_static_endpoints(pool, allow_static_endpoints)
+    if actions.canary_replicas <= 0:
+        endpoints: tuple[Endpoint, ...] = ()
+    elif static:
+        endpoints = parse_static_endpoints(static)
+    else:
+        endpoints = build_endpoints(pods, pool.spec.engine.port, "canary")
+    return CanaryInput(
+        revision=rollout.canary_revision,
+        weight=actions.weight,
+        all_tiers=actions.all_tiers,
+        plan=rollout.canary_plan,
+        endpoints=endpoints,
+    )
+
+
+def _export(op: Operator, namespace: str, pool: str, status: RolloutStatus) -> None:
+    for phase in PHASES:
+        op.metrics.rollout_phase.labels(namespace, pool, phase).set(
+            1 if status.phase == phase else 0
+        )
+    for gate in status.gates:
+        for track, value in (("stable", gate.stable), ("canary", gate.canary)):
+            if value is not None:
+                op.metrics.rollout_gate_value.labels(namespace, pool, gate.gate, track).set(value)

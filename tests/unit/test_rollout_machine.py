@@ -1,0 +1,643 @@
+"""The rollout state machine as tables of cases (kvpool.domain.rollout.machine)."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from kvpool.api.modelpool import GateStatus, RolloutSpec, RolloutStatus, RolloutStep
+from kvpool.domain.rollout.gates import TrackSample
+from kvpool.domain.rollout.machine import (
+    RolloutObservation,
+    WindowAnalysis,
+    actions_of,
+    decide_rollout,
+)
+
+T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
+STAMP0 = "2026-12-01T10:00:00Z"
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def spec(**kw: Any) -> RolloutSpec:
+    base: dict[str, Any] = {
+        "steps": [RolloutStep(weight=10, pause="60s"), RolloutStep(weight=50, pause="60s")],
+        "analysis_interval": "10s",
+    }
+    return RolloutSpec(**(base | kw))
+
+
+def obs(**kw: Any) -> RolloutObservation:
+    base: dict[str, Any] = {
+        "revision": "new",
+        "warm_replicas": 4,
+        "canary_ready": 1,
+        "stable_kv": 2048,
+        "canary_kv": 2048,
+        "canary_unschedulable": False,
+        "analysis": None,
+        "stable_in_flight": None,
+        "stable_updated": False,
+        "action": None,
+        "now": T0,
+    }
+    return RolloutObservation(**(base | kw))
+
+
+GOOD = WindowAnalysis(
+    stable_ttft=TrackSample(0.5, 400),
+    canary_ttft=TrackSample(0.52, 150),
+    stable_preemptions=TrackSample(0.0, 400),
+    canary_preemptions=TrackSample(0.0, 150),
+)
+SLOW = replace(GOOD, canary_ttft=TrackSample(1.5, 150))
+THIN = replace(GOOD, canary_ttft=TrackSample(0.5, 20), canary_preemptions=TrackSample(0.0, 20))
+DOWN = WindowAnalysis(error="Prometheus unreachable")
+
+
+def status(**kw: Any) -> RolloutStatus:
+    base: dict[str, Any] = {
+        "phase": "Progressing",
+        "stage": "Analyzing",
+        "stable_revision": "old",
+        "canary_revision": "new",
+        "step": 0,
+        "steps": 2,
+        "weight": 10,
+        "canary_replicas": 1,
+        "started_at": STAMP0,
+        "step_started_at": STAMP0,
+        "gates": [
+            GateStatus(gate="kvCapacity", verdict="Successful", reason="Successful", threshold=0.9)
+        ],
+    }
+    return RolloutStatus(**(base | kw))
+
+
+@dataclass(frozen=True)
+class Case:
+    prior: RolloutStatus | None
+    observation: RolloutObservation
+    phase: str
+    stage: str | None = None
+    reason: str | None = None
+    weight: int | None = None
+    step: int | None = None
+    canary_replicas: int | None = None
+    events: tuple[str, ...] | None = None
+    spec: RolloutSpec | None = None
+
+
+CASES = [
+    pytest.param(
+        None, obs(revision="old"), "Idle", None, None, 0, None, 0, (), id="first-sight-idle"
+    ),
+    pytest.param(
+        RolloutStatus(phase="Idle", stable_revision="old"),
+        obs(canary_ready=0, canary_kv=None),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        ("RolloutStarted",),
+        id="spec-change-starts-canary-at-weight-0",
+    ),
+    pytest.param(
+        status(stage="Starting", weight=0, gates=[]),
+        obs(canary_ready=0, canary_kv=None),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        (),
+        id="waits-for-a-ready-canary",
+    ),
+    pytest.param(
+        status(stage="Starting", weight=0, gates=[]),
+        obs(canary_kv=1024),
+        "Paused",
+        "Starting",
+        "KVCapacityShrunk",
+        0,
+        0,
+        1,
+        ("RolloutPaused",),
+        id="kv-shrunk-pauses-before-any-weight",
+    ),
+    pytest.param(
+        status(stage="Starting", weight=0, gates=[]),
+        obs(canary_kv=2048),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        ("RolloutStep",),
+        id="kv-ok-gives-first-step-weight",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=GOOD, now=at(30)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        (),
+        id="healthy-mid-step-holds",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=GOOD, now=at(60)),
+        "Progressing",
+        "Analyzing",
+        None,
+        50,
+        1,
+        2,
+        ("RolloutStep",),
+        id="healthy-step-end-advances-and-scales-canary",
+    ),
+    pytest.param(
+        status(step=1, weight=50, canary_replicas=2),
+        obs(analysis=GOOD, now=at(60)),
+        "Progressing",
+        "Promoting",
+        None,
+        100,
+        1,
+        4,
+        ("RolloutPromoting",),
+        id="last-step-passed-promotes-at-full-size",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=SLOW, now=at(30)),
+        "Paused",
+        "Analyzing",
+        "TTFTRegressed",
+        0,
+        0,
+        1,
+        ("RolloutGateFailed", "RolloutPaused"),
+        id="ttft-failure-limit-0-pauses",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=SLOW, now=at(30)),
+        "Aborted",
+        "Analyzing",
+        "TTFTRegressed",
+        0,
+        0,
+        0,
+        ("RolloutGateFailed", "RolloutAborted"),
+        spec(on_failure="Abort"),
+        id="ttft-failure-onfailure-abort",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=SLOW, now=at(30)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        ("RolloutGateFailed",),
+        spec(failure_limit=1),
+        id="first-failure-within-limit-holds",
+    ),
+    pytest.param(
+        status(
+            gates=[
+                GateStatus(
+                    gate="ttftP95",
+                    verdict="Failed",
+                    reason="TTFTRegressed",
+                    threshold=1.2,
+                    failures=1,
+                )
+            ]
+        ),
+        obs(analysis=SLOW, now=at(30)),
+        "Paused",
+        "Analyzing",
+        "TTFTRegressed",
+        0,
+        0,
+        1,
+        ("RolloutGateFailed", "RolloutPaused"),
+        spec(failure_limit=1),
+        id="failure-limit-reached-pauses",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=SLOW, now=at(60)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        ("RolloutGateFailed",),
+        spec(failure_limit=3),
+        id="failed-at-step-end-within-limit-never-advances",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=THIN, now=at(60)),
+        "Paused",
+        "Analyzing",
+        "Inconclusive",
+        0,
+        0,
+        1,
+        ("RolloutPaused",),
+        id="too-few-samples-at-step-end-pauses-inconclusive",
+    ),
+    pytest.param(
+        status(),
+        obs(analysis=DOWN, now=at(60)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        (),
+        id="prometheus-down-within-error-budget-holds-never-advances",
+    ),
+    pytest.param(
+        status(consecutive_errors=4),
+        obs(analysis=DOWN, now=at(60)),
+        "Paused",
+        "Analyzing",
+        "MetricsUnavailable",
+        0,
+        0,
+        1,
+        ("RolloutPaused",),
+        id="error-budget-spent-pauses-metrics-unavailable",
+    ),
+    pytest.param(
+        status(last_analysis_at="2026-12-01T10:00:25Z"),
+        obs(analysis=SLOW, now=at(30)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        (),
+        id="analysis-not-due-counts-nothing",
+    ),
+    pytest.param(
+        status(stage="Starting", weight=0, canary_unschedulable_since=STAMP0),
+        obs(canary_ready=0, canary_kv=None, canary_unschedulable=True, now=at(601)),
+        "Paused",
+        "Starting",
+        "CanaryUnschedulable",
+        0,
+        0,
+        1,
+        ("RolloutPaused",),
+        id="unschedulable-past-timeout-pauses",
+    ),
+    pytest.param(
+        status(stage="Starting", weight=0),
+        obs(canary_ready=0, canary_kv=None, canary_unschedulable=True, now=at(30)),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        (),
+        id="unschedulable-within-timeout-waits",
+    ),
+    pytest.param(
+        status(phase="Paused", reason="KVCapacityShrunk", weight=0),
+        obs(revision="old"),
+        "Idle",
+        None,
+        None,
+        0,
+        None,
+        0,
+        ("RolloutReverted",),
+        id="revert-to-stable-ends-rollout",
+    ),
+    pytest.param(
+        status(step=1, weight=50),
+        obs(revision="newer", canary_ready=0, canary_kv=None),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        ("RolloutSuperseded",),
+        id="new-change-supersedes-canary",
+    ),
+    pytest.param(
+        status(phase="Paused", reason="KVCapacityShrunk", weight=0, stage="Starting"),
+        obs(canary_kv=1024, action="abort"),
+        "Aborted",
+        "Starting",
+        "ManualAbort",
+        0,
+        0,
+        0,
+        ("RolloutAborted",),
+        id="abort-by-annotation-scales-canary-to-zero",
+    ),
+    pytest.param(
+        status(
+            phase="Paused",
+            reason="KVCapacityShrunk",
+            weight=0,
+            stage="Starting",
+            handled_action="abort",
+        ),
+        obs(canary_kv=1024, action="abort"),
+        "Paused",
+        "Starting",
+        "KVCapacityShrunk",
+        0,
+        0,
+        1,
+        (),
+        id="handled-annotation-does-not-fire-again",
+    ),
+    pytest.param(
+        status(
+            phase="Paused",
+            reason="KVCapacityShrunk",
+            weight=0,
+            stage="Starting",
+            gates=[
+                GateStatus(
+                    gate="kvCapacity", verdict="Failed", reason="KVCapacityShrunk", threshold=0.9
+                )
+            ],
+        ),
+        obs(canary_kv=1024, action="resume", now=at(5)),
+        "Progressing",
+        "Analyzing",
+        None,
+        10,
+        0,
+        1,
+        ("RolloutResumed",),
+        id="resume-past-kv-shortfall-accepts-it",
+    ),
+    pytest.param(
+        status(phase="Paused", reason="TTFTRegressed", weight=0),
+        obs(action="promote@1"),
+        "Progressing",
+        "Promoting",
+        None,
+        100,
+        0,
+        4,
+        ("RolloutPromoting",),
+        id="promote-by-hand",
+    ),
+    pytest.param(
+        status(phase="Aborted", reason="ManualAbort", weight=0, canary_replicas=0),
+        obs(action="resume@2", canary_ready=0, canary_kv=None),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        ("RolloutResumed",),
+        id="resume-after-abort-restarts",
+    ),
+    pytest.param(
+        status(),
+        obs(action="pause", analysis=GOOD, now=at(60)),
+        "Paused",
+        "Analyzing",
+        "ManualPause",
+        10,
+        0,
+        1,
+        ("RolloutPaused",),
+        id="manual-pause-keeps-weight",
+    ),
+    pytest.param(
+        RolloutStatus(phase="Idle", stable_revision="old", handled_action=None),
+        obs(action="abort", canary_ready=0, canary_kv=None),
+        "Progressing",
+        "Starting",
+        None,
+        0,
+        0,
+        1,
+        ("RolloutStarted",),
+        id="stale-annotation-at-start-is-recorded-not-acted-on",
+    ),
+    pytest.param(
+        status(stage="Promoting", weight=100, canary_replicas=4),
+        obs(canary_ready=4),
+        "Progressing",
+        "Draining",
+        None,
+        100,
+        0,
+        4,
+        ("RolloutPromoting",),
+        id="full-canary-ready-drains-stable",
+    ),
+    pytest.param(
+        status(stage="Draining", weight=100, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, stable_in_flight=3, now=at(10)),
+        "Progressing",
+        "Draining",
+        None,
+        100,
+        0,
+        4,
+        (),
+        id="stable-still-busy-keeps-draining",
+    ),
+    pytest.param(
+        status(stage="Draining", weight=100, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, stable_in_flight=0, now=at(10)),
+        "Progressing",
+        "ReplacingStable",
+        None,
+        100,
+        0,
+        4,
+        ("RolloutPromoting",),
+        id="stable-drained-is-replaced",
+    ),
+    pytest.param(
+        status(stage="Draining", weight=100, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, stable_in_flight=None, now=at(121)),
+        "Progressing",
+        "ReplacingStable",
+        None,
+        100,
+        0,
+        4,
+        ("RolloutPromoting",),
+        id="drain-timeout-without-metrics",
+    ),
+    pytest.param(
+        status(stage="ReplacingStable", weight=100, canary_replicas=4),
+        obs(canary_ready=4, stable_updated=False),
+        "Progressing",
+        "ReplacingStable",
+        None,
+        100,
+        0,
+        4,
+        (),
+        id="stable-not-yet-on-new-revision-waits",
+    ),
+    pytest.param(
+        status(stage="ReplacingStable", weight=100, canary_replicas=4),
+        obs(canary_ready=4, stable_updated=True),
+        "Progressing",
+        "DrainingCanary",
+        None,
+        0,
+        0,
+        4,
+        ("RolloutPromoting",),
+        id="stable-on-new-revision-takes-traffic-canary-drains",
+    ),
+    pytest.param(
+        status(stage="DrainingCanary", weight=0, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, canary_in_flight=2, now=at(10)),
+        "Progressing",
+        "DrainingCanary",
+        None,
+        0,
+        0,
+        4,
+        (),
+        id="canary-still-busy-kept",
+    ),
+    pytest.param(
+        status(stage="DrainingCanary", weight=0, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, canary_in_flight=0, now=at(10)),
+        "Promoted",
+        None,
+        None,
+        0,
+        None,
+        0,
+        ("RolloutPromoted",),
+        id="canary-drained-promoted",
+    ),
+    pytest.param(
+        status(stage="DrainingCanary", weight=0, canary_replicas=4, drain_started_at=STAMP0),
+        obs(canary_ready=4, canary_in_flight=None, now=at(121)),
+        "Promoted",
+        None,
+        None,
+        0,
+        None,
+        0,
+        ("RolloutPromoted",),
+        id="canary-drain-timeout-promoted",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("prior", "observation", "phase", "stage", "reason", "weight", "step", "replicas", "events"),
+    [p.values[:9] if len(p.values) > 9 else p.values for p in CASES],
+    ids=[p.id for p in CASES],
+)
+def test_state_machine(
+    prior: RolloutStatus | None,
+    observation: RolloutObservation,
+    phase: str,
+    stage: str | None,
+    reason: str | None,
+    weight: int,
+    step: int | None,
+    replicas: int,
+    events: tuple[str, ...],
+    request: pytest.FixtureRequest,
+) -> None:
+    case = next(p for p in CASES if p.id == request.node.callspec.id)
+    rollout = case.values[9] if len(case.values) > 9 else spec()
+    decision = decide_rollout(rollout, prior, observation)
+    st = decision.status
+    assert (st.phase, st.stage, st.reason) == (phase, stage, reason)
+    assert decision.actions.weight == weight and st.weight == weight
+    assert st.step == step
+    assert decision.actions.canary_replicas == replicas
+    assert tuple(e.reason for e in decision.events) == events
+    # restart safety: the children follow from the status alone
+    assert actions_of(rollout, st, observation.warm_replicas) == decision.actions
+
+
+def test_kv_pause_message_has_both_figures_and_ratio() -> None:
+    d = decide_rollout(spec(), status(stage="Starting", weight=0, gates=[]), obs(canary_kv=1024))
+    assert "1024" in (d.status.message or "") and "2048" in (d.status.message or "")
+    assert "0.50" in (d.status.message or "")
+    kv = d.status.gates[0]
+    assert (kv.gate, kv.stable, kv.canary, kv.ratio, kv.verdict) == (
+        "kvCapacity",
+        2048,
+        1024,
+        0.5,
+        "Failed",
+    )
+
+
+def test_gates_record_figures_samples_and_running_failures() -> None:
+    d = decide_rollout(spec(failure_limit=5), status(), obs(analysis=SLOW, now=at(30)))
+    ttft = next(g for g in d.status.gates if g.gate == "ttftP95")
+    assert (ttft.stable, ttft.canary, ttft.stable_samples, ttft.canary_samples) == (
+        0.5,
+        1.5,
+        400,
+        150,
+    )
+    assert (ttft.verdict, ttft.failures, ttft.threshold) == ("Failed", 1, 1.2)
+    again = decide_rollout(spec(failure_limit=5), d.status, obs(analysis=SLOW, now=at(45)))
+    assert next(g for g in again.status.gates if g.gate == "ttftP95").failures == 2
+
+
+def test_same_inputs_twice_decide_the_same_after_a_restart() -> None:
+    """An operator killed after writing status recomputes nothing new from it."""
+    first = decide_rollout(spec(), status(), obs(analysis=GOOD, now=at(60)))
+    again = decide_rollout(spec(), first.status, obs(analysis=GOOD, now=at(61)))
+    assert again.status.step == first.status.step == 1
+    assert again.actions == first.actions
+    assert again.events == ()
+
+
+def test_promotion_never_skips_a_step_without_analysis() -> None:
+    """At step end with no analysis this reconcile, the step is held."""
+    d = decide_rollout(spec(), status(), obs(analysis=None, now=at(600)))
+    assert (d.status.step, d.status.weight) == (0, 10)
+
+
+def test_max_surge_bounds_canary_replicas() -> None:
+    d = decide_rollout(
+        spec(max_surge=1), status(), obs(analysis=GOOD, now=at(60), warm_replicas=10)
+    )
+    assert d.status.step == 1 and d.actions.canary_replicas == 1
