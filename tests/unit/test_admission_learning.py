@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvpool.api.admission_config import CompiledTier
 from kvpool.domain.admission import AdmissionController, Admit, Amount, Queue
+from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
 from kvpool.domain.admission.limiter import LentLimiter
+from kvpool.domain.estimate import Estimate
 from tests.support.admission_builders import PoolBuilder, Requests
 
 
@@ -123,3 +126,53 @@ def test_paused_borrowing_resumes_with_wakeups() -> None:
     assert [a.request_id for a in wake.admitted] == [borrower.request_id]
     snap = ctl.snapshot()
     assert Amount(snap.in_use_tokens, snap.in_use_slots) == Amount(300, 3)
+
+
+def _tier(name: str, rank: int) -> CompiledTier:
+    return CompiledTier(
+        name=name,
+        rank=rank,
+        floor_percent=40,
+        lend_percent=100,
+        max_queue_wait_seconds=5.0,
+        engine_priority=rank,
+        reclaim="Wait",
+    )
+
+
+@pytest.mark.parametrize(
+    ("tier", "learned", "learn", "ratio_polls", "expected"),
+    [
+        ("interactive", [64] * 30, True, [], 520),
+        ("batch", [64] * 30, True, [], 400 + 64),
+        ("batch", [64] * 30, True, [0] * 20, 400 + 52),
+        ("batch", [64] * 30, True, [0] * 200, 400 + 32),
+        ("batch", [64] * 30, True, [0] * 20 + [3], 400 + 64),
+        ("batch", [], True, [], 520),
+        ("batch", [64] * 30, False, [], 520),
+        ("batch", [500] * 30, True, [], 520),
+    ],
+    ids=[
+        "top-tier-reserves-its-whole-bound-never-preempted",
+        "lower-tier-reserves-prompt-plus-learned-p95",
+        "quiet-engines-lower-the-ratio-for-lower-tiers",
+        "the-ratio-stops-at-its-minimum",
+        "a-preemption-backs-the-ratio-off",
+        "nothing-learned-yet-reserves-the-bound",
+        "learning-off-reserves-the-bound",
+        "never-above-the-request-bound",
+    ],
+)
+def test_reservation_by_tier(
+    tier: str, learned: list[int], learn: bool, ratio_polls: list[int], expected: int
+) -> None:
+    """Prompt 400, max_tokens 120 (charged 520); the top tier is never overcommitted."""
+    adaptation = PoolAdaptation([_tier("interactive", 0), _tier("batch", 1)], 16, learn=learn)
+    for sample in learned:
+        adaptation.settled(tier, sample, 1)
+    for preemptions in ratio_polls:
+        adaptation.engines(preemptions, 0.5)
+    estimate = Estimate(prompt_tokens=400, output_tokens=120, output_limit=120)
+
+    assert adaptation.reserve(tier, estimate).tokens == expected
+    assert adaptation.reserve(tier, estimate).charge_tokens == 520

@@ -7,8 +7,11 @@ those observations into the numbers the controller and the reservation use, keep
 state per pool in one place with no I/O and no clock:
 
 - :meth:`PoolAdaptation.reserve`: the KV reservation of a request (never above its bound):
-  prompt + the tier's learned output (:class:`~.learning.OutputLearner`), times the pool's
-  overcommit ratio for every tier but the top one (:class:`~.learning.OvercommitRatio`);
+  for every tier but the top one, prompt + the tier's learned output
+  (:class:`~.learning.OutputLearner`) times the pool's overcommit ratio
+  (:class:`~.learning.OvercommitRatio`). The top tier reserves its full bound: together its
+  requests never need more KV than was reserved for them, and the engine preempts the
+  lowest priority first, so a top-tier request is never the one preempted;
 - :meth:`PoolAdaptation.settled`: feed a finished request's generated tokens to its tier;
 - :meth:`PoolAdaptation.engines`: one poll of the engines -> the new ratio and whether
   borrowing must pause (measured usage at or above ``pause_usage``; resumes below
@@ -19,7 +22,7 @@ state per pool in one place with no I/O and no clock:
 Worked example (tiers interactive (top, target 0.8 s) and batch; batch has learned a
 p95 output of 64, ratio 0.8): a batch request with prompt 400 and ``max_tokens`` 120
 reserves 400 + ceil(64 x 0.8) = 452 tokens, and is charged 520; an interactive request
-with the same shape reserves 400 + min(120, its own learned p95) - never scaled.
+with the same shape reserves its whole bound, 520 tokens.
 """
 
 from __future__ import annotations
@@ -87,15 +90,13 @@ class PoolAdaptation:
 
     def reserve(self, tier: str, estimate: Estimate) -> Estimate:
         """``estimate`` with its KV reservation set from what the tier's requests use."""
-        if not self.learn:
+        if not self.learn or tier == self.top:
             return estimate
         learner = self.learners.get(tier)
         if learner is None or learner.learned is None:
             return estimate
         per_sequence = learner.reserve_output(max(1, estimate.output_limit))
-        output = min(estimate.output_tokens, per_sequence * estimate.sequences)
-        if tier != self.top:
-            output = self.ratio.reserve(output)
+        output = self.ratio.reserve(min(estimate.output_tokens, per_sequence * estimate.sequences))
         tokens = min(estimate.tokens, estimate.prompt_tokens + output)
         return replace(estimate, reserve_tokens=tokens)
 
