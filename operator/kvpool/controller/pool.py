@@ -212,7 +212,8 @@ async def write_status(
         wire = status.to_wire()
         if status.rollout is not None:
             # explicit nulls: a merge-patch removes a rollout field only when sent as null
-            wire["rollout"] = status.rollout.model_dump(by_alias=True, mode="json")
+            # (never inside list items: canaryPlan.tiers, gates; lists are replaced whole)
+            wire["rollout"] = status.rollout.to_merge_patch()
         await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], wire)
         for event in plan_events(prior, status, assessment):
             await kube.create_event(
