@@ -101,6 +101,7 @@ VLLM_METRICS = frozenset(
     }
 )
 
+
 def unknown_names(exprs: Iterable[str], known: set[str]) -> dict[str, set[str]]:
     """Expression -> the names it uses that are not in ``known`` (only the bad ones)."""
     result = {}

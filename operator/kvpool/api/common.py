@@ -100,7 +100,10 @@ class ApiModel(BaseModel):
             {"canaryRevision": None, "gates": [{"gate": "ttftP95", "canary": None}]}
             -> {"canaryRevision": None, "gates": [{"gate": "ttftP95"}]}
         """
-        return _without_nulls_in_lists(self.model_dump(by_alias=True, mode="json"), False)
+        body: dict[str, Any] = _without_nulls_in_lists(
+            self.model_dump(by_alias=True, mode="json"), False
+        )
+        return body
 
 
 def _without_nulls_in_lists(value: Any, in_list: bool) -> Any:
