@@ -3,11 +3,13 @@
 Given the real parts (the Kubernetes API emulator, ``kvpool operator``, a vLLM CPU engine
 serving the tiny model, ``kvpool gateway`` with budgets in a real Redis) and a real
 Prometheus scraping the engine (with the labels a cluster's relabeling gives its pods), the
-gateway and the operator, and given the events the alerts are about - requests admitted
-in two tiers, a tenant over its budget (429), an operator status write refused by the API,
-a broken admission ConfigMap the gateway rejects, Redis killed (one tier falls back to the
-local allowance, the fail-closed one answers 503), prompts counted by the byte fallback
-(the pool declares no tokenizer) and finally the engine killed mid-request (502) - every
+gateway (on its own metrics port, as the chart deploys it) and the operator, and given the
+events the alerts are about - a canary rollout (an engine arg changes), requests admitted
+in two tiers (streamed chats in the tier with a ``ttftP95Target``), a tenant over its
+budget (429), an operator status write refused by the API, a broken admission ConfigMap
+the gateway rejects, Redis killed (one tier falls back to the local allowance, the
+fail-closed one answers 503), prompts counted by the byte fallback (the pool declares no
+tokenizer) and finally the engine killed mid-request (502; the gateway ejects it) - every
 expression must return data. An alert's expression is evaluated without its threshold
 (the "signal" side of the comparison; ``absent(x)`` is evaluated as ``x``): a healthy
 system answers nothing to ``x > threshold`` by design, but must have ``x``. Every label
@@ -17,12 +19,10 @@ This catches a typo in a metric or label name, a label the scrape does not carry
 counter that is never created, or a join that matches nothing. The same run also executes
 the chart's ``helm test`` Pod script against the gateway.
 
-PENDING: expressions on metrics other changes of this release are adding (the names agreed
-in advance, ``tests.support.promql.PENDING_METRICS``) cannot return data on this branch;
-they are listed below by alert name / panel title and must return NO data here, so the
-list cannot silently outlive the reason for it. Empty it once those metrics are merged
-(the rollout gate values need a running canary to have data: give the test one or keep
-that panel pending with a reason).
+The canary (local mode: ``kvpool.dev/canary-static-endpoints``) is the same vLLM process
+as stable, scraped a second time with the canary Deployment's pod labels (its revision and
+track), as a cluster's relabeling would scrape a canary pod: the operator's KV gate then
+measures a canary of the same size, passes, and the rollout gate values have data.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +62,11 @@ from e2e.components import NAMESPACE, POOL, kvpool_command, start_engines, wait_
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
 from tests.operator_process import run_operator
 from tests.support.engine import VllmEngine
-from tests.support.kube import KubeApi
+from tests.support.kube import KubeApi, KubeApiError
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
-from tests.support.prometheus import PrometheusServer
-from tests.support.promql import PENDING_METRICS, metric_names
+from tests.support.prometheus import PrometheusServer, ScrapeTarget
+from tests.support.promql import metric_names
 from tests.support.redis_server import RedisServer
 
 EMPTY = AdmissionConfig(namespace=NAMESPACE)  # stands in until the ConfigMap exists
@@ -79,25 +79,16 @@ DASHBOARD = ROOT / "charts" / "kvpool" / "files" / "dashboards" / "kvpool.json"
 CHAT_SECRET, BATCH_SECRET = "tenant-chat-app", "tenant-bulk-summarizer"  # e2e/manifests
 TIGHT_KEY = "tight-tenant-key"
 
-# Alerts and panels on metrics agreed with other changes of this release but not exported on
-# this branch (see the module docstring). The lead empties this list after merging them.
-PENDING = {
-    "KvpoolTierTtftAboveTarget",  # kvpool_gateway_tier_ttft_* (gateway admission change)
-    "KvpoolRolloutPaused",  # kvpool_rollout_phase (rollout change)
-    "KvpoolRolloutAborted",  # kvpool_rollout_phase
-    "Lent and borrowed KV tokens per tier#B",  # kvpool_gateway_lent_limit
-    "TTFT by tier against ttftP95Target#A",  # kvpool_gateway_tier_ttft_seconds
-    "TTFT by tier against ttftP95Target#B",  # kvpool_gateway_tier_ttft_p95_seconds
-    "TTFT by tier against ttftP95Target#C",  # kvpool_gateway_tier_ttft_target_seconds
-    "Rollout phase#A",  # kvpool_rollout_phase
-    "Rollout gate values, canary vs stable#A",  # kvpool_rollout_gate_value (needs a canary)
-}
+POOL_PATH = f"/apis/kvpool.dev/v1alpha1/namespaces/{NAMESPACE}/modelpools/{POOL}"
+CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"  # docs/0006 (local mode)
 
 # Expressions that need the engine to have failed a request: evaluated after it is killed.
 AFTER_ENGINE_FAILURE = {
     "KvpoolGatewayServerErrors",
     "KvpoolEngineErrors",
     "Engine errors by kind#A",
+    "Replicas ejected by the gateway#B",  # kvpool_gateway_ejections_total
+    "Engine polls that failed#A",
 }
 
 
@@ -185,16 +176,8 @@ def all_checks() -> dict[str, list[str]]:
     return checks
 
 
-def test_pending_list_names_exactly_the_expressions_on_agreed_but_unexported_metrics() -> None:
-    checks = all_checks()
-    on_pending = {
-        name
-        for name, exprs in checks.items()
-        if any(metric_names(e) & PENDING_METRICS for e in exprs)
-    }
-
-    assert on_pending == PENDING
-    assert set(checks) >= AFTER_ENGINE_FAILURE
+def test_the_engine_failure_checks_name_existing_alerts_and_panels() -> None:
+    assert set(all_checks()) >= AFTER_ENGINE_FAILURE
 
 
 def test_signals_drop_thresholds_and_unwrap_absent() -> None:
@@ -278,9 +261,13 @@ def fetch(url: str) -> str:
 
 
 @contextlib.contextmanager
-def gateway_process(kube: KubeApi, redis: RedisServer, workdir: Path) -> Iterator[str]:
-    """``kvpool gateway`` on the operator's ConfigMap; tier batch fails closed without Redis."""
-    port = free_port()
+def gateway_process(kube: KubeApi, redis: RedisServer, workdir: Path) -> Iterator[tuple[str, str]]:
+    """``kvpool gateway`` on the operator's ConfigMap; tier batch fails closed without Redis.
+
+    Yields the API URL and the ``host:port`` of its metrics listener (``/metrics`` is served
+    there only, as in the chart's Deployment; Prometheus scrapes that port).
+    """
+    port, metrics_port = free_port(), free_port()
     argv = kvpool_command(
         "gateway",
         "--configmap",
@@ -291,6 +278,8 @@ def gateway_process(kube: KubeApi, redis: RedisServer, workdir: Path) -> Iterato
         redis.url,
         "--listen",
         f"127.0.0.1:{port}",
+        "--metrics-listen",
+        f"127.0.0.1:{metrics_port}",
         "--fail-closed-tier",
         "batch",
         # The default 5 ms per Redis call trips on a loaded 2-core machine (batch would fail
@@ -304,7 +293,7 @@ def gateway_process(kube: KubeApi, redis: RedisServer, workdir: Path) -> Iterato
     process = ManagedProcess(argv, log_path=workdir / "gateway.log", env=dict(os.environ), cwd=ROOT)
     try:
         process.start()
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"
     finally:
         process.stop(timeout=10)
 
@@ -317,6 +306,65 @@ def helm_test_script() -> str:
     pod = yaml.safe_load(rendered["kvpool/templates/tests/gateway-request.yaml"])
     script: str = pod["spec"]["containers"][0]["args"][0]
     return script
+
+
+def fetch_template_labels(kube: KubeApi, deployment: str) -> dict[str, str]:
+    """Pod-template labels of one Deployment ({} while it does not exist)."""
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{deployment}"
+    try:
+        labels: dict[str, str] = kube.client.get(path)["spec"]["template"]["metadata"]["labels"]
+    except KubeApiError as err:
+        if err.status == 404:  # not created yet
+            return {}
+        raise
+    return labels
+
+
+def rollout_status(kube: KubeApi) -> dict[str, Any]:
+    rollout: dict[str, Any] = (kube.client.get(POOL_PATH).get("status") or {}).get("rollout") or {}
+    return rollout
+
+
+def start_canary(kube: KubeApi, docs: list[dict[str, Any]], engine: VllmEngine) -> dict[str, str]:
+    """A new revision of the pool (one more engine arg) whose canary is ``engine`` itself.
+
+    Returns the canary Deployment's pod-template labels (its revision and track), which
+    the canary's scrape target carries.
+    """
+    (pool,) = [d for d in docs if d["kind"] == "ModelPool"]
+    args = [*pool["spec"]["engine"]["args"], "--seed=7"]
+    kube.client.patch(
+        POOL_PATH,
+        {
+            "metadata": {"annotations": {CANARY_STATIC_ENDPOINTS: f"canary-0={engine.base_url}"}},
+            "spec": {"engine": {"args": args}},
+        },
+    )
+    return wait_until(lambda: fetch_template_labels(kube, f"{POOL}-canary"), 30, "the canary")
+
+
+def canary_scrape_target(address: str, template_labels: dict[str, str]) -> ScrapeTarget:
+    """The canary's engine with the labels relabeling gives a canary pod's series."""
+    (target,) = build_scrape_targets([address], template_labels)
+    return ScrapeTarget(target.address, {**target.labels, "pod": "canary-0"})
+
+
+def config_parses(kube: KubeApi) -> bool:
+    try:
+        return fetch_admission_config(kube) is not None
+    except ValueError:  # pydantic's ValidationError: still the broken one
+        return False
+
+
+def json_patch_while(holding: threading.Event) -> Callable[[Any], bool]:
+    """An API-emulator criterion: JSON patches (the operator's drift restoration) while
+    ``holding`` is set."""
+
+    def matches(request: Any) -> bool:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return holding.is_set() and headers.get("content-type") == "application/json-patch+json"
+
+    return matches
 
 
 def run_helm_test(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -344,12 +392,6 @@ def missing_data(prom: PrometheusServer, name: str, exprs: list[str]) -> list[st
             if not prom.query(f'count({{__name__=~"{names}", {label}!=""}})'):
                 problems.append(f"{name}: no series of {names} has label {label!r}")
     return problems
-
-
-def assert_pending_have_no_data(prom: PrometheusServer, checks: dict[str, list[str]]) -> None:
-    for name in sorted(PENDING):
-        for expr in checks[name]:
-            assert prom.query(expr) == [], f"{name} returns data now: remove it from PENDING"
 
 
 def kill_engine_mid_request(engine: VllmEngine, gateway: str, key: str) -> list[int]:
@@ -403,23 +445,34 @@ def test_every_dashboard_and_alert_expression_returns_data(
         kube.kubectl("apply", "--validate=false", "-f", str(manifests))
         (engine,) = start_engines(stack, tiny_model, [engine_port], tmp_path)
         pod_labels = wait_until(lambda: fetch_engine_template_labels(kube), 30, "engine labels")
-        gateway = stack.enter_context(gateway_process(kube, redis, tmp_path))
-        prom.set_targets(
-            {
-                "vllm": build_scrape_targets([engine.target], pod_labels),
-                "kvpool-operator": [f"127.0.0.1:{operator.metrics_port}"],
-                "kvpool-gateway": [gateway.removeprefix("http://")],
-            }
-        )
+        gateway, gateway_metrics = stack.enter_context(gateway_process(kube, redis, tmp_path))
+        targets = {
+            "vllm": build_scrape_targets([engine.target], pod_labels),
+            "kvpool-operator": [f"127.0.0.1:{operator.metrics_port}"],
+            "kvpool-gateway": [gateway_metrics],  # the metrics port, not the API port
+        }
+        prom.set_targets(targets)
         wait_until(lambda: pool_when(kube, lambda p: measured(p, 1)), 90, "measured capacity")
         wait_until(lambda: published_config(kube, 1), 60, "the measured config")
         chat_key, batch_key = api_key(docs, CHAT_SECRET), api_key(docs, BATCH_SECRET)
         wait_until(lambda: chat(gateway, chat_key)[0] == 200, 60, "the gateway serving the pool")
 
-        # When tenants send requests in two tiers, and one is over its budget
-        for _ in range(3):
-            status, text = chat(gateway, chat_key)
-            assert status == 200, text
+        # When an engine arg of the pool changes: a canary of the new revision starts (the
+        # same engine, scraped again with the canary's labels) and passes the KV gate
+        canary_labels = start_canary(kube, docs, engine)
+        targets["vllm-canary"] = [canary_scrape_target(engine.target, canary_labels)]
+        prom.set_targets(targets)
+        wait_until(
+            lambda: rollout_status(kube).get("stage") == "Analyzing", 60, "the KV gate passed"
+        )
+        kv_gate = next(g for g in rollout_status(kube)["gates"] if g["gate"] == "kvCapacity")
+        assert kv_gate["verdict"] == "Successful" and kv_gate["stable"] == kv_gate["canary"]
+
+        # And tenants send requests in two tiers (streamed chats in the tier with a
+        # ttftP95Target: the TTFT limiter decides every 10 samples), and one is over its budget
+        for _ in range(12):
+            status, text = chat(gateway, chat_key, stream=True)
+            assert status == 200 and "data: [DONE]" in text, text
         for _ in range(2):
             status, text = completion(gateway, batch_key)
             assert status == 200, text
@@ -456,14 +509,29 @@ def test_every_dashboard_and_alert_expression_returns_data(
             "the operator publishing again after the error",
         )
 
-        # And the admission ConfigMap is broken (the gateway rejects it, keeps the old one)
+        # And the admission ConfigMap is broken (the gateway rejects it, keeps the old one).
+        # The operator restores fields edited outside kvpool (a JSON patch) within a second,
+        # before the gateway's next poll (every 2 s) could see them: the API server refuses
+        # those restoring patches until the gateway has rejected the broken config.
+        holding = threading.Event()
+        holding.set()
+        restoring = kube.emulator[
+            "patch", kmock.resource("", "v1", "configmaps"), json_patch_while(holding)
+        ]
+        restoring << 403
         path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIGMAP_NAME}"
-        kube.client.patch(path, {"data": {CONFIGMAP_KEY: "{not json"}})
+        kube.client.patch(path, {"data": {CONFIGMAP_KEY: "{not json"}})  # a merge patch
         wait_until(
-            lambda: 'config_reloads_total{result="rejected"}' in fetch(f"{gateway}/metrics"),
+            lambda: (
+                'config_reloads_total{result="rejected"}'
+                in fetch(f"http://{gateway_metrics}/metrics")
+            ),
             30,
             "the gateway rejecting the broken config",
         )
+        holding.clear()  # the next publish (a budget change) restores it
+        kube.client.patch(budget, {"spec": {"limits": [{"window": "1m", "tokens": 102}]}})
+        wait_until(lambda: config_parses(kube), 30, "the operator restoring the config")
 
         # And Redis dies: interactive falls back to the local allowance, batch fails closed
         redis.stop()
@@ -473,9 +541,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
 
         # Then every expression (but those waiting for the engine to fail) returns data
         later = {name: exprs for name, exprs in checks.items() if name in AFTER_ENGINE_FAILURE}
-        now = {n: e for n, e in checks.items() if n not in PENDING and n not in later}
+        now = {n: e for n, e in checks.items() if n not in later}
         problems = [p for name, exprs in now.items() for p in missing_data(prom, name, exprs)]
-        assert_pending_have_no_data(prom, checks)
 
         # When the engine dies in the middle of a generation
         answers = kill_engine_mid_request(engine, gateway, chat_key)

@@ -3,10 +3,10 @@
 Why: alerts (charts/kvpool/files/alerts.yaml) and dashboards (charts/kvpool/files/
 dashboards/*.json) are text; a typo in a metric name makes a panel empty or an alert
 silent forever. The unit tests check every name an expression uses against the names the
-code exports (read from the real metric registries, not from a list kept by hand), the
-vLLM engine metrics the expressions use, and the names agreed with work in progress
-(:data:`PENDING_METRICS`). tests/integration/test_observability.py then runs the
-expressions against a real Prometheus scraping a real gateway, operator and engine.
+code exports (read from the real metric registries, not from a list kept by hand) and
+the vLLM engine metrics the expressions use. tests/integration/test_observability.py then
+runs the expressions against a real Prometheus scraping a real gateway, operator and
+engine.
 
 ``metric_names`` is a small lexer, not a PromQL parser: it drops strings, label matchers
 ``{...}``, range/subquery brackets ``[...]`` and label lists of ``by``/``without``/``on``/
@@ -77,10 +77,12 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
 def kvpool_exported_names() -> set[str]:
     """The series the gateway and the operator export today (from their registries)."""
     from kvpool.controller.metrics import OperatorMetrics
+    from kvpool.gateway.ejection import ReplicaEjector
     from kvpool.gateway.metrics import GatewayMetrics
 
     gateway = GatewayMetrics()
     gateway.watch_snapshots(list)  # the scrape-time tier gauges
+    ReplicaEjector(gateway, dict)  # registers the outlier-ejection series on the registry
     return exported_names(gateway.registry) | exported_names(OperatorMetrics().registry)
 
 
@@ -96,21 +98,6 @@ VLLM_METRICS = frozenset(
         "vllm:request_success_total",
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:request_queue_time_seconds_bucket",
-    }
-)
-
-# Names agreed in advance (coordination notes of this release) for metrics other changes
-# are adding at the same time: rollout state (operator), gateway TTFT and lending
-# (gateway). Expressions using them cannot return data until that code is merged; the
-# integration test lists them as pending. Empty this set once they are exported.
-PENDING_METRICS = frozenset(
-    {
-        "kvpool_rollout_phase",
-        "kvpool_rollout_gate_value",
-        "kvpool_gateway_tier_ttft_seconds_bucket",
-        "kvpool_gateway_tier_ttft_p95_seconds",
-        "kvpool_gateway_tier_ttft_target_seconds",
-        "kvpool_gateway_lent_limit",
     }
 )
 

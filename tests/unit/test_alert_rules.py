@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from tests.support.promql import (
-    PENDING_METRICS,
     VLLM_METRICS,
     kvpool_exported_names,
     metric_names,
@@ -122,8 +121,8 @@ def test_runbook_has_no_section_without_an_alert() -> None:
     assert set(runbook_sections()) == set(ALERTS)
 
 
-def test_alerts_use_only_exported_engine_or_agreed_metric_names() -> None:
-    known = kvpool_exported_names() | VLLM_METRICS | PENDING_METRICS
+def test_alerts_use_only_exported_or_engine_metric_names() -> None:
+    known = kvpool_exported_names() | VLLM_METRICS
 
     assert unknown_names([r["expr"] for r in rules()], known) == {}
 

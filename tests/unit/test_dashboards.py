@@ -1,10 +1,9 @@
 """The Grafana dashboard the chart ships: well-formed, laid out, and querying only real metrics.
 
 Every PromQL expression of every panel (and of the template variables) may name only
-series the gateway and the operator export (read from their registries), the vLLM engine
-series listed in tests/support/promql.py, or the names agreed for metrics being added at
-the same time (``PENDING_METRICS``). tests/integration/test_observability.py runs the same
-expressions against a real Prometheus.
+series the gateway and the operator export (read from their registries) or the vLLM
+engine series listed in tests/support/promql.py. tests/integration/test_observability.py
+runs the same expressions against a real Prometheus.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import kubernetes_validate
 import pytest
 
 from tests.support.promql import (
-    PENDING_METRICS,
     VLLM_METRICS,
     kvpool_exported_names,
     metric_names,
@@ -86,8 +84,8 @@ def test_dashboard_is_well_formed_and_laid_out(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
-def test_dashboard_queries_only_exported_engine_or_agreed_metrics(path: Path) -> None:
-    known = kvpool_exported_names() | VLLM_METRICS | PENDING_METRICS
+def test_dashboard_queries_only_exported_or_engine_metrics(path: Path) -> None:
+    known = kvpool_exported_names() | VLLM_METRICS
 
     assert unknown_names(dashboard_exprs(load(path)), known) == {}
 

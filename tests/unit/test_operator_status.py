@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from kvpool.api.modelpool import MeasuredCapacity, ModelPoolStatus, ReplicaStatus
+from kvpool.api.modelpool import (
+    GateStatus,
+    MeasuredCapacity,
+    ModelPoolStatus,
+    PlanStatus,
+    ReplicaStatus,
+    RolloutStatus,
+    TierPlanStatus,
+)
 from kvpool.domain import conditions as c
 from kvpool.domain.measurement import (
     METRICS_OFF,
@@ -368,3 +376,33 @@ def test_policy_status_counts_its_pools() -> None:
         (c.READY, "True", c.POLICY_READY)
     ]
     assert build_policy_status(status, 2, 3, "t1") == status
+
+
+def test_rollout_merge_patch_clears_fields_but_sends_no_null_inside_list_items() -> None:
+    # A pool without declared peaks has no requiredReplicas; an inconclusive gate no figure.
+    # A merge patch deletes an object's field only when sent as null, but a list is replaced
+    # whole: a null in its items would be stored as null (the CRD says integer / number).
+    tier = TierPlanStatus(
+        name="interactive", floor_tokens=10, floor_slots=1, lendable_tokens=5, lendable_slots=0
+    )
+    plan = PlanStatus(
+        replicas=1,
+        usable_kv_tokens_per_replica=1843,
+        live_sequences_per_replica=8,
+        total_tokens=1843,
+        total_slots=8,
+        shared_tokens=0,
+        shared_slots=0,
+        tiers=[tier],
+    )
+    gate = GateStatus(gate="ttftP95", verdict="Inconclusive", reason="Inconclusive", threshold=1.2)
+    rollout = RolloutStatus(phase="Progressing", canary_plan=plan, gates=[gate])
+
+    patch = rollout.to_merge_patch()
+
+    assert patch["canaryRevision"] is None and patch["reason"] is None  # cleared if stored
+    assert patch["canaryPlan"]["observedGeneration"] is None
+    assert "requiredReplicas" not in patch["canaryPlan"]["tiers"][0]
+    assert patch["canaryPlan"]["tiers"][0]["floorTokens"] == 10
+    assert {"stable", "canary", "ratio"}.isdisjoint(patch["gates"][0])
+    assert patch["gates"][0]["threshold"] == 1.2

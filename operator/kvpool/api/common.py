@@ -90,6 +90,33 @@ class ApiModel(BaseModel):
         """The object as it is written to the Kubernetes API (camelCase, no unset optionals)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def to_merge_patch(self) -> dict[str, Any]:
+        """The object as the body of a JSON merge patch that replaces what is stored.
+
+        Unset optionals of objects are sent as ``null`` (a merge patch removes a field only
+        when it is null); inside list items they are left out, because a list is replaced
+        whole and ``null`` is no valid value of a non-nullable field of its items::
+
+            {"canaryRevision": None, "gates": [{"gate": "ttftP95", "canary": None}]}
+            -> {"canaryRevision": None, "gates": [{"gate": "ttftP95"}]}
+        """
+        body: dict[str, Any] = _without_nulls_in_lists(
+            self.model_dump(by_alias=True, mode="json"), False
+        )
+        return body
+
+
+def _without_nulls_in_lists(value: Any, in_list: bool) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: _without_nulls_in_lists(item, in_list)
+            for key, item in value.items()
+            if not (in_list and item is None)
+        }
+    if isinstance(value, list):
+        return [_without_nulls_in_lists(item, True) for item in value]
+    return value
+
 
 class ObjectMeta(BaseModel):
     """The subset of Kubernetes ObjectMeta kvpool reads; other fields are kept, not checked."""

@@ -211,12 +211,9 @@ async def write_status(
     if prior is None or prior.to_wire() != status.to_wire():
         wire = status.to_wire()
         if status.rollout is not None:
-            # explicit nulls for cleared rollout fields (a merge-patch removes a field only
-            # when sent as null), but none inside their values: a null inside a list item
-            # would be stored as null, which the schema refuses
-            fields = status.rollout.model_dump(by_alias=True, mode="json")
-            values = status.rollout.model_dump(by_alias=True, mode="json", exclude_none=True)
-            wire["rollout"] = {key: values.get(key) for key in fields}
+            # explicit nulls: a merge-patch removes a rollout field only when sent as null
+            # (never inside list items: canaryPlan.tiers, gates; lists are replaced whole)
+            wire["rollout"] = status.rollout.to_merge_patch()
         await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], wire)
         for event in plan_events(prior, status, assessment):
             await kube.create_event(

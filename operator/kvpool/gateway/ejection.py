@@ -15,7 +15,9 @@ class feeds it and carries the verdicts out:
   request in flight on it: they end with 504 ``engine_timeout`` (or an in-band stream
   error) and release their reservations at once instead of waiting out the upstream
   timeout;
-- a success after the ejection time puts it back (gauge 0).
+- a success after the ejection time puts it back (gauge 0);
+- a replica that leaves the config (its pod deleted) is forgotten with its gauge, so an
+  alert on the gauge (KvpoolReplicaEjected) never fires for a replica that is gone.
 """
 
 from __future__ import annotations
@@ -99,6 +101,24 @@ class ReplicaEjector:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def forget_absent(self) -> None:
+        """Drop the state and the gauge of every replica no pool's config lists any more
+        (and the pool's memory of its ejection: listed again, it starts in routing)."""
+        runtimes = self._runtimes()
+        present = {
+            (runtime.pool.name, endpoint.name)
+            for runtime in runtimes.values()
+            for track in runtime.pool.tracks
+            for endpoint in track.endpoints
+        }
+        for key in [k for k in self._states if k not in present]:
+            state = self._states.pop(key)
+            runtime = runtimes.get(key[0])
+            if state.ejected and runtime is not None:
+                runtime.set_replica_ejected(key[1], False)
+            with contextlib.suppress(KeyError):  # a state without a gauge child
+                self.ejected_gauge.remove(*key)
 
     # -- reports ---------------------------------------------------------------------------
 

@@ -197,6 +197,7 @@ class Gateway(RequestPipeline):
         for name in [n for n in self.runtimes if n not in names]:
             self.runtimes.pop(name).close()
             self.adaptations.pop(name, None)
+        self.ejector.forget_absent()
 
     def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
         adaptation = self.adaptations.get(pool.name)
