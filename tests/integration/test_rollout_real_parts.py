@@ -398,7 +398,10 @@ def test_a_slower_canary_fails_the_ttft_gate_and_is_aborted(
                     "metadata": {
                         "annotations": {"kvpool.dev/canary-static-endpoints": canary.base_url}
                     },
-                    "spec": {"engine": {"args": ["--max-num-seqs=1"]}},
+                    # a new engine image whose spec says nothing of its slowness (the
+                    # canary engine runs one sequence at a time): the gateway admits on
+                    # the canary's plan as on stable's, and the engine's TTFT shows it
+                    "spec": {"engine": {"image": "vllm/vllm-openai:slower"}},
                 },
             )
             new = wait_until(lambda: rollout(kube_api).get("canaryRevision"))
