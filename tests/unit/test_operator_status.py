@@ -188,6 +188,7 @@ def _observe(
     peak: int = 4,
     max_replicas: int = 8,
     declared: int | None = None,
+    tokenizer: str | None = None,
 ) -> tuple[PoolObservation, CapacityAssessment]:
     builder = (
         make_pool("chat")
@@ -212,6 +213,7 @@ def _observe(
         metrics_message="" if metrics == METRICS_OK else "gone",
         load=None,
         now="t1",
+        tokenizer_path=tokenizer,
     )
     return obs, a
 
@@ -232,7 +234,14 @@ STATUS_CASES: list[tuple[str, dict[str, Any], str, dict[str, tuple[str, str]]]] 
             c.METRICS_UNAVAILABLE: ("False", c.METRICS_FRESH),
             c.DEGRADED: ("False", c.AS_EXPECTED),
             c.FLOOR_TOO_SMALL: ("False", c.FLOORS_HOLD_A_REQUEST),
+            c.TOKENIZER_DECLARED: ("False", c.BYTE_ESTIMATE),
         },
+    ),
+    (
+        "a-declared-tokenizer-counts-exactly",
+        {"readings": [_reading("a", 4096)], "tokenizer": "/tokenizers/llama/tokenizer.json"},
+        "Ready",
+        {c.TOKENIZER_DECLARED: ("True", c.TOKENIZER_PATH_SET)},
     ),
     (
         "eval-floor-below-one-request-is-raised-and-said",

@@ -154,6 +154,7 @@ async def _plan_and_apply(
         metrics_message=metrics_message,
         load=keep_load_time(load, prior),
         now=now,
+        tokenizer_path=pool.spec.model.tokenizer_path,
     )
     status = build_pool_status(prior, observation, declared)
     status = build_rollout_status(

@@ -29,6 +29,7 @@ CAPACITY_SHORT = "CapacityShort"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 DEGRADED = "Degraded"
 FLOOR_TOO_SMALL = "FloorTooSmall"  # a tier's floorPercent held less than one p95 request
+TOKENIZER_DECLARED = "TokenizerDeclared"  # False: the gateway counts prompts by bytes
 CONFIG_STALE = "ConfigStale"  # the gateway enforces a plan made for an earlier spec
 MODELPOOL_CONDITION_TYPES = (
     READY,
@@ -37,6 +38,7 @@ MODELPOOL_CONDITION_TYPES = (
     METRICS_UNAVAILABLE,
     DEGRADED,
     FLOOR_TOO_SMALL,
+    TOKENIZER_DECLARED,
     CONFIG_STALE,
 )
 PROGRESSING = "Progressing"  # a canary rollout; set by kvpool.domain.rollout.status
@@ -63,6 +65,10 @@ CAPACITY_SUFFICIENT = "CapacitySufficient"
 # FloorTooSmall
 FLOOR_RAISED = "FloorRaisedToOneRequest"  # the planner raised the floor to one p95 request
 FLOORS_HOLD_A_REQUEST = "FloorsHoldARequest"
+
+# TokenizerDeclared
+TOKENIZER_PATH_SET = "TokenizerPathSet"  # spec.model.tokenizerPath names one
+BYTE_ESTIMATE = "ByteEstimate"  # none: prompts are estimated from their UTF-8 length
 
 # MetricsUnavailable
 PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"  # connection error, timeout or HTTP error

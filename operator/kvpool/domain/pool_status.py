@@ -82,6 +82,20 @@ class PoolObservation:
     metrics_message: str  # details for the MetricsUnavailable condition
     load: LoadStatus | None  # live engine signals, when Prometheus answered
     now: str  # RFC 3339 time of this reconcile
+    tokenizer_path: str | None = None  # spec.model.tokenizerPath (None: the byte estimate)
+
+
+def _tokenizer_condition(obs: PoolObservation) -> tuple[ConditionStatus, str, str]:
+    """Whether the gateway can count prompt tokens exactly: only with a declared tokenizer
+    (whether it loaded it is the gateway's ``kvpool_gateway_tokenizer_fallback{pool}``)."""
+    if obs.tokenizer_path:
+        return "True", c.TOKENIZER_PATH_SET, f"the gateway counts prompts with {obs.tokenizer_path}"
+    return (
+        "False",
+        c.BYTE_ESTIMATE,
+        "no spec.model.tokenizerPath: the gateway estimates prompt tokens from their UTF-8 "
+        "length (3 bytes a token), so reservations and budget charges are approximate",
+    )
 
 
 def _metrics_condition(state: MetricsState) -> tuple[ConditionStatus, str]:
@@ -158,6 +172,8 @@ def build_pool_status(
         gen,
         now,
     )
+
+    conds = c.set_condition(conds, c.TOKENIZER_DECLARED, *_tokenizer_condition(obs), gen, now)
 
     m_status, m_reason = _metrics_condition(obs.metrics)
     conds = c.set_condition(
