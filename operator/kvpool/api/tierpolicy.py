@@ -50,7 +50,13 @@ class Tier(ApiModel):
         )
     )
     ttft_p95_target: Duration | None = Field(
-        default=None, description="Target p95 time to first token, for alerts and rollout gates."
+        default=None,
+        description=(
+            "Target p95 time to first token of the tier's streamed requests, as the gateway "
+            "measures it: the gateway throttles the concurrency lent to lower tiers to hold "
+            "it (kvpool_gateway_lent_limit), and the chart's KvpoolTierTtftAboveTarget alert "
+            "fires above it."
+        ),
     )
     engine_priority: int | None = Field(
         default=None,
