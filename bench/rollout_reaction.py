@@ -1,35 +1,80 @@
-"""Rollout reaction time: seconds from a half-KV canary being ready to the rollout paused.
+"""Rollout reaction time: how fast a bad canary is stopped, in two cases.
 
-Why this benchmark exists: a canary that holds half the KV cache of stable must be stopped
-before it gets traffic (docs/0006-rollouts.md). The target is under one measurement
-interval (the operator's ``--measure-interval``, 15 s): a controller that only looks at
-each tick reacts within 0..15 s (7.5 s on average, if the canary's readiness falls at a
-random point of the interval); kvpool re-reconciles every 2 s while the KV gate waits for
-the canary's first measurement.
+Why this benchmark exists: a canary that is worse than stable must be stopped quickly
+(docs/0006-rollouts.md). Two cases, each runnable alone (``--cases kv``, ``--cases ttft``):
 
-Real parts: the API emulator, a real Prometheus (1 s scrapes), two vLLM CPU engines of the
-tiny model (stable 2 MiB of KV = 2,048 tokens, canary 1 MiB = 1,024 tokens), the operator
-as a process with ``--measure-interval 15s``, in local mode (static endpoints).
+**KV case** - seconds from a half-KV canary being ready to the rollout paused. The target
+is under one measurement interval (the operator's ``--measure-interval``, 15 s): a
+controller that only looks at each tick reacts within 0..15 s (7.5 s on average, if the
+canary's readiness falls at a random point of the interval); kvpool re-reconciles every
+2 s while the KV gate waits for the canary's first measurement. Real parts: the API
+emulator, a real Prometheus (1 s scrapes), two vLLM CPU engines of the tiny model (stable
+2 MiB of KV = 2,048 tokens, canary 1 MiB = 1,024 tokens), the operator as a process with
+``--measure-interval 15s``, in local mode (``--allow-static-endpoints``). Each round: the canary
+engine is already scraped under the revision the next spec will have (so it is "ready
+and measurable" at once); t0 = the spec change; reaction = until ``status.rollout.phase``
+is Paused with KVCapacityShrunk; then the spec is reverted (Idle) for the next round.
+Baseline in the same run: the same operator looking only at its ticks
+(``KVPOOL_ROLLOUT_RECHECK_SECONDS=0``).
 
-Each round: the canary engine is already scraped under the revision the next spec will
-have (so it is "ready and measurable" at once); t0 = the spec change; reaction = until
-``status.rollout.phase`` is Paused with KVCapacityShrunk; then the spec is reverted (Idle)
-for the next round.
+**TTFT case** - seconds from regression onset to the rollout stopped with
+``TTFTRegressed``. The canary has the same KV as stable (2 MiB, so the KV gate passes)
+but its engine runs ``--max-num-seqs 1`` (stable: 8): under concurrent load its requests
+queue in the engine, so its p95 TTFT is several times stable's. The spec change that
+starts each round gives a new revision (``args: [--seed=N]``); the engine behind
+``kvpool.dev/canary-static-endpoints`` is the slow one - a stand-in for a slower build.
+(``--max-num-seqs`` itself is owned by ``spec.engine.maxNumSeqs`` and refused in args;
+lowering that field would also shrink the canary's admission plan, so the requests would
+wait in the gateway rather than in the engine.) The canary is slow from its first
+request, so **regression onset** is defined as the moment the canary gets traffic: the
+first instant the benchmark (polling every 0.1 s) sees ``status.rollout`` in stage
+Analyzing with the first step's weight (50% of the interactive tier) - the operator's
+decision, which the gateway follows once it reloads its ConfigMap
+(``first_canary_token_seconds`` records when the canary's first token came).
+Reaction = from onset until ``status.rollout`` is Aborted (``onFailure: Abort``) with
+reason TTFTRegressed. Load: 8 clients sending interactive completions through the real
+gateway (``kvpool gateway``, reading the operator's ConfigMap) for the whole case, so
+both tracks get samples. Rollout spec: one step (50%, 10m), ``analysisInterval: 15s``
+(the default), ``minSamples: 20``, ``maxTTFTP95Ratio: 1.5``, ``failureLimit: 0``.
 
-    .venv/bin/python bench/rollout_reaction.py [--rounds 5]
+The gate cannot react before it has data, so the TTFT reaction is compared, per round,
+with two floors measured in the same run:
 
-Prints the figures and writes bench/results/rollout_reaction.json.
+- ``samples_ready_seconds``: from onset until both engines (read from their own
+  ``/metrics``, every 0.25 s) have finished ``minSamples`` requests with a TTFT in the
+  window the gate uses (the canary since onset; stable over ``max(elapsed, 30 s)``, the
+  operator's shortest window). No analysis, however frequent, can give a verdict earlier.
+- ``analysisInterval`` (15 s): the least time between two analyses of a step. An
+  analysis every ``analysisInterval`` from onset reacts at the first multiple of it
+  after ``samples_ready`` (``periodic_floor_seconds``). kvpool analyses on its
+  ``--measure-interval`` ticks (15 s here; plus a 2 s re-check left over from the
+  Starting stage) and skips a tick less than ``analysisInterval`` after its last
+  analysis: it reacts at the first tick after ``samples_ready`` at best, and up to two
+  intervals after it when an early (Inconclusive) analysis off the tick shifts the next
+  one (docs/0006, Measured).
+
+    .venv/bin/python bench/rollout_reaction.py [--cases kv,ttft] [--rounds 5] [--ttft-rounds 3]
+
+Prints the figures and writes bench/results/rollout_reaction.json (the KV case at the top
+level, the TTFT case under ``ttft``; a case not run keeps its previous figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import json
+import math
 import os
+import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +82,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.builders import make_policy, make_pool  # noqa: E402
+from tests.operator_builders import make_budget, make_secret  # noqa: E402
 from tests.support.engine import EngineConfig, VllmEngine  # noqa: E402
 from tests.support.kube import KubeApi, resource_path, start_kube_api  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.processes import ManagedProcess  # noqa: E402
 from tests.support.prometheus import PrometheusServer, ScrapeTarget  # noqa: E402
 from tests.support.tiny_model import tiny_model_dir  # noqa: E402
@@ -88,7 +135,8 @@ def _rollout(kube: KubeApi) -> dict[str, Any]:
     return (kube.client.get(MP).get("status") or {}).get("rollout") or {}
 
 
-def run(rounds: int, workdir: Path) -> dict[str, Any]:
+def run_kv(rounds: int, workdir: Path) -> dict[str, Any]:
+    """The KV case (module docstring): kvpool against a tick-only operator."""
     load = os.getloadavg()
     with contextlib.ExitStack() as stack:
         (workdir / "kube").mkdir(parents=True, exist_ok=True)
@@ -114,7 +162,7 @@ def run(rounds: int, workdir: Path) -> dict[str, Any]:
         kube.client.create(resource_path("kvpool.dev/v1alpha1", "modelpools", "default"), doc)
         results: dict[str, list[float]] = {}
         for mode, recheck in (("kvpool", "2"), ("tick_only", "0")):
-            with _operator(kube, prom, workdir, mode, recheck):
+            with _operator(kube, prom, workdir, mode, recheck, ("--allow-static-endpoints",)):
                 first = _wait(
                     lambda: (kube.client.get(MP).get("status") or {}).get("revision"), 60, "rev"
                 )
@@ -157,7 +205,14 @@ def run(rounds: int, workdir: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _operator(kube: KubeApi, prom: PrometheusServer, workdir: Path, mode: str, recheck: str) -> Any:
+def _operator(
+    kube: KubeApi,
+    prom: PrometheusServer,
+    workdir: Path,
+    mode: str,
+    recheck: str,
+    extra: tuple[str, ...] = (),
+) -> Any:
     operator = ManagedProcess(
         [
             sys.executable,
@@ -170,6 +225,7 @@ def _operator(kube: KubeApi, prom: PrometheusServer, workdir: Path, mode: str, r
             "--standalone",
             "--metrics-port=0",
             "--health-port=0",
+            *extra,
         ],
         log_path=workdir / f"operator-{mode}.log",
         env=dict(os.environ) | {"KVPOOL_ROLLOUT_RECHECK_SECONDS": recheck},
@@ -221,19 +277,411 @@ def _rounds(
     return reactions
 
 
+# --- TTFT case ------------------------------------------------------------------------
+
+ANALYSIS_INTERVAL = 15.0
+MIN_SAMPLES = 20
+MAX_TTFT_RATIO = 1.5
+MIN_WINDOW = 30.0  # the operator's shortest analysis window (adapters/prometheus.py)
+CLIENTS = 8
+API_KEY = "sk-rollout-bench"
+TTFT_COUNT = re.compile(r"^vllm:time_to_first_token_seconds_count\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+
+def _ttft_count(engine: VllmEngine) -> float:
+    """Requests the engine has given a first token (its own /metrics)."""
+    return sum(float(v) for v in TTFT_COUNT.findall(engine.fetch_metrics_text()))
+
+
+class _Counts:
+    """Both engines' TTFT counts every 0.25 s, with the monotonic time of each reading."""
+
+    def __init__(self, stable: VllmEngine, canary: VllmEngine) -> None:
+        self.engines = (stable, canary)
+        self.rows: list[tuple[float, float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                stable, canary = (_ttft_count(e) for e in self.engines)
+                self.rows.append((time.monotonic(), stable, canary))
+            self.stop.wait(0.25)
+
+    def at(self, moment: float) -> tuple[float, float]:
+        """The last reading at or before ``moment`` (the first one if none)."""
+        before = [r for r in self.rows if r[0] <= moment] or self.rows[:1]
+        return before[-1][1], before[-1][2]
+
+    def samples_ready(self, onset: float, until: float) -> float | None:
+        """Seconds from onset until both tracks have MIN_SAMPLES in the gate's window."""
+        _, canary0 = self.at(onset)
+        for t, stable, canary in list(self.rows):
+            if t < onset or t > until:
+                continue
+            window = max(t - onset, MIN_WINDOW)
+            stable_then, _ = self.at(t - window)
+            if canary - canary0 >= MIN_SAMPLES and stable - stable_then >= MIN_SAMPLES:
+                return t - onset
+        return None
+
+    def first_canary(self, onset: float) -> float | None:
+        """Seconds from onset until the canary gave its first first token."""
+        _, canary0 = self.at(onset)
+        return next((t - onset for t, _, c in list(self.rows) if t >= onset and c > canary0), None)
+
+
+class _Load:
+    """CLIENTS threads sending interactive completions through the gateway until stopped."""
+
+    def __init__(self, gateway: str) -> None:
+        self.gateway = gateway
+        self.stop = threading.Event()
+        self.statuses: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.pool = concurrent.futures.ThreadPoolExecutor(CLIENTS)
+        self.futures = [self.pool.submit(self._client) for _ in range(CLIENTS)]
+
+    def _client(self) -> None:
+        body = {"model": "tiny", "prompt": "hello " * 20, "max_tokens": 16, "temperature": 0}
+        while not self.stop.is_set():
+            request = urllib.request.Request(
+                f"{self.gateway}/v1/completions",
+                data=json.dumps(body).encode(),
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": f"Bearer {API_KEY}",
+                    "Host": "chat.local",
+                },
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=120) as resp:
+                    resp.read()
+                    code = int(resp.status)
+            except urllib.error.HTTPError as exc:
+                code = int(exc.code)
+            except OSError:
+                code = 0
+            with self.lock:
+                self.statuses[code] = self.statuses.get(code, 0) + 1
+            if code != 200:
+                time.sleep(0.2)
+
+    def close(self) -> dict[str, int]:
+        self.stop.set()
+        for future in self.futures:
+            future.result()
+        self.pool.shutdown()
+        return {str(k): v for k, v in sorted(self.statuses.items())}
+
+
+def _ttft_setup(kube: KubeApi, stable_url: str) -> dict[str, Any]:
+    """Interactive tier (Host chat.local) and batch, a tenant, a pool with a TTFT gate."""
+    kube.client.create(
+        resource_path("v1", "secrets", "default"), make_secret("bench-key", "api-key", API_KEY)
+    )
+    kube.client.create(
+        resource_path("kvpool.dev/v1alpha1", "tenantbudgets", "default"),
+        make_budget("bench").tiers("interactive", "batch").limit("1h", 100_000_000).dict(),
+    )
+    policy = (
+        make_policy()
+        .tier("interactive", floor=50, lend=100, max_wait="20s")
+        .tier("batch", floor=40, lend=50, max_wait="60s")
+        .rule("interactive", host="chat.local")
+    )
+    kube.client.create(
+        resource_path("kvpool.dev/v1alpha1", "tierpolicies", "default"), policy.dict()
+    )
+    doc = _pool_doc(stable_url)
+    doc["spec"]["rollout"] = {
+        "steps": [{"weight": 50, "pause": "10m"}],
+        "gates": {"minSamples": MIN_SAMPLES, "maxTTFTP95Ratio": MAX_TTFT_RATIO},
+        "onFailure": "Abort",
+        "analysisInterval": f"{ANALYSIS_INTERVAL:g}s",
+    }
+    kube.client.create(resource_path("kvpool.dev/v1alpha1", "modelpools", "default"), doc)
+    return doc
+
+
+def _gateway(kube: KubeApi, workdir: Path, stack: contextlib.ExitStack) -> str:
+    port = free_port()
+    gateway = ManagedProcess(
+        [
+            sys.executable,
+            "-m",
+            "kvpool.cli",
+            "gateway",
+            "--configmap",
+            "default",
+            "--kube-server",
+            kube.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{free_port()}",
+            "--no-access-log",
+        ],
+        log_path=workdir / "gateway.log",
+        env=dict(os.environ),
+        cwd=REPO,
+    )
+    gateway.start()
+    stack.callback(gateway.stop)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    _wait(ready, 30, "gateway ready")
+    return url
+
+
+def run_ttft(rounds: int, workdir: Path) -> dict[str, Any]:
+    """The TTFT case (module docstring): reaction from onset against the data floor."""
+    load_before = os.getloadavg()
+    with contextlib.ExitStack() as stack:
+        (workdir / "kube").mkdir(parents=True, exist_ok=True)
+        kube = stack.enter_context(start_kube_api(workdir / "kube"))
+        model = tiny_model_dir()
+        engines = []
+        for name, seqs in (("stable", 8), ("slow", 1)):
+            engine = VllmEngine(
+                EngineConfig(
+                    model_dir=model,
+                    kv_cache_memory_bytes=2 * 2**20,
+                    block_size=32,
+                    max_num_seqs=seqs,
+                ),
+                log_path=workdir / f"engine-{name}.log",
+            )
+            stack.callback(engine.stop)
+            engines.append(engine.start())
+        stable, canary = engines
+        prom = PrometheusServer(workdir / "prom")
+        stack.callback(prom.stop)
+        prom.start()
+        doc = _ttft_setup(kube, stable.base_url)
+        stack.enter_context(
+            _operator(kube, prom, workdir, "ttft", "2", ("--allow-static-endpoints",))
+        )
+        first = _wait(lambda: (kube.client.get(MP).get("status") or {}).get("revision"), 60, "rev")
+        prom.set_targets({"vllm": [_ttft_target(stable, first, "chat-stable-0")]})
+        _wait(
+            lambda: (
+                ((kube.client.get(MP).get("status") or {}).get("capacity") or {}).get(
+                    "kvTokensPerReplica"
+                )
+                == 2048
+            ),
+            90,
+            "stable measured",
+        )
+        gateway = _gateway(kube, workdir, stack)
+        counts = _Counts(stable, canary)
+        counts.thread.start()
+        stack.callback(counts.stop.set)
+        load = _Load(gateway)
+        try:
+            time.sleep(MIN_WINDOW)  # stable's window holds samples before the first onset
+            measured = [
+                _ttft_round(kube, prom, doc, stable, canary, first, counts, index)
+                for index in range(rounds)
+            ]
+        finally:
+            statuses = load.close()
+    return _ttft_summary(measured, statuses, rounds, load_before)
+
+
+def _ttft_target(engine: VllmEngine, revision: str, pod: str) -> ScrapeTarget:
+    track = "stable" if pod.startswith("chat-stable") else "canary"
+    return ScrapeTarget(
+        engine.target, {**_target(engine, revision, pod).labels, "kvpool_track": track}
+    )
+
+
+def _ttft_round(
+    kube: KubeApi,
+    prom: PrometheusServer,
+    doc: dict[str, Any],
+    stable: VllmEngine,
+    canary: VllmEngine,
+    first: str,
+    counts: _Counts,
+    index: int,
+) -> dict[str, Any]:
+    # a new revision; the slowness is the canary engine's own --max-num-seqs 1 (see above)
+    args = [f"--seed={index + 1}"]
+    new = _revision(doc, args)
+    prom.set_targets(
+        {
+            "vllm": [
+                _ttft_target(stable, first, "chat-stable-0"),
+                _ttft_target(canary, new, "chat-canary-0"),
+            ]
+        }
+    )
+    prom.wait_for(f'vllm:cache_config_info{{kvpool_revision="{new}"}}', timeout=30)
+    time.sleep((index * 3.7) % INTERVAL)  # spread the onset over the tick phase
+    kube.client.patch(
+        MP,
+        {
+            "metadata": {"annotations": {"kvpool.dev/canary-static-endpoints": canary.base_url}},
+            "spec": {"engine": {"args": args}},
+        },
+    )
+
+    def analyzing() -> bool:
+        r = _rollout(kube)
+        if r.get("phase") not in (None, "Idle", "Progressing"):
+            raise RuntimeError(f"round {index + 1}: stopped before onset: {r}")
+        return r.get("stage") == "Analyzing" and int(r.get("weight") or 0) > 0
+
+    try:
+        _wait(analyzing, 60, "analyzing")
+    except TimeoutError:
+        raise TimeoutError(f"round {index + 1}: no onset within 60 s: {_rollout(kube)}") from None
+    onset = time.monotonic()
+    analyses: list[dict[str, Any]] = []
+    seen: str | None = None
+    deadline = onset + 240
+    while True:
+        r = _rollout(kube)
+        now = time.monotonic()
+        gate = next((g for g in r.get("gates") or [] if g["gate"] == "ttftP95"), None)
+        if gate is not None and gate.get("measuredAt") != seen:
+            seen = gate.get("measuredAt")
+            analyses.append(
+                {
+                    "seconds": round(now - onset, 2),
+                    "verdict": gate["verdict"],
+                    "stable_samples": gate.get("stableSamples"),
+                    "canary_samples": gate.get("canarySamples"),
+                    "ratio": gate.get("ratio"),
+                }
+            )
+        if r.get("phase") in ("Paused", "Aborted"):
+            break
+        if now > deadline:
+            raise TimeoutError(f"round {index + 1}: not stopped within 240 s: {r}")
+        time.sleep(0.1)
+    reaction = now - onset
+    if r.get("reason") != "TTFTRegressed":
+        raise RuntimeError(f"round {index + 1}: stopped for another reason: {r}")
+    time.sleep(0.5)  # one more engine reading past the verdict
+    ready = counts.samples_ready(onset, now)
+    first_canary = counts.first_canary(onset)
+    periodic = None
+    if ready is not None:
+        periodic = math.ceil(ready / ANALYSIS_INTERVAL) * ANALYSIS_INTERVAL
+    measured = {
+        "reaction_seconds": round(reaction, 3),
+        "samples_ready_seconds": round(ready, 3) if ready is not None else None,
+        "after_samples_seconds": round(reaction - ready, 3) if ready is not None else None,
+        "periodic_floor_seconds": periodic,
+        "first_canary_token_seconds": None if first_canary is None else round(first_canary, 3),
+        "phase": r.get("phase"),
+        "reason": r.get("reason"),
+        "gate": {k: gate.get(k) for k in ("stable", "canary", "ratio", "threshold")}
+        if gate
+        else None,
+        "gate_samples": {"stable": gate.get("stableSamples"), "canary": gate.get("canarySamples")}
+        if gate
+        else None,
+        "analyses": analyses,
+    }
+    print(
+        f"ttft round {index + 1}: {r.get('phase')} TTFTRegressed {reaction:.2f} s after onset "
+        f"(minSamples on both tracks after {ready if ready is None else round(ready, 2)} s; "
+        f"ratio {gate.get('ratio') if gate else None}; {len(analyses)} analyses)"
+    )
+    kube.client.patch(MP, {"spec": {"engine": {"args": []}}})
+    _wait(lambda: _rollout(kube).get("phase") == "Idle", 60, "reverted")
+    return measured
+
+
+def _ttft_summary(
+    measured: list[dict[str, Any]],
+    statuses: dict[str, int],
+    rounds: int,
+    load_before: tuple[float, float, float],
+) -> dict[str, Any]:
+    reactions = [m["reaction_seconds"] for m in measured]
+    ready = [m["samples_ready_seconds"] for m in measured if m["samples_ready_seconds"] is not None]
+    after = [m["after_samples_seconds"] for m in measured if m["after_samples_seconds"] is not None]
+    return {
+        "what": "seconds from regression onset (the first poll, every 0.1 s, that sees "
+        "status.rollout Analyzing with the first step's weight: the canary gets traffic and "
+        "is slow from its first request) to status.rollout Aborted/TTFTRegressed",
+        "canary": "same KV as stable (2 MiB); its engine runs --max-num-seqs 1 (stable 8); "
+        "the spec change is args [--seed=N] (a new revision)",
+        "load": f"{CLIENTS} clients, interactive completions (16 tokens) through the gateway",
+        "rollout": {
+            "steps": [{"weight": 50, "pause": "10m"}],
+            "analysisInterval_seconds": ANALYSIS_INTERVAL,
+            "minSamples": MIN_SAMPLES,
+            "maxTTFTP95Ratio": MAX_TTFT_RATIO,
+            "failureLimit": 0,
+            "onFailure": "Abort",
+        },
+        "measure_interval_seconds": INTERVAL,
+        "floors": {
+            "samples_ready": "seconds from onset until both engines' own /metrics show "
+            "minSamples first tokens in the gate's window (canary since onset, stable over "
+            "max(elapsed, 30 s)): no analysis can give a verdict earlier",
+            "periodic_floor": "an analysis every analysisInterval from onset: the first "
+            "multiple of analysisInterval at or after samples_ready",
+        },
+        "rounds": rounds,
+        "per_round": measured,
+        "reaction_seconds": reactions,
+        "median_seconds": round(statistics.median(reactions), 3),
+        "max_seconds": max(reactions),
+        "samples_ready_median_seconds": round(statistics.median(ready), 3) if ready else None,
+        "after_samples_median_seconds": round(statistics.median(after), 3) if after else None,
+        "after_samples_max_seconds": max(after) if after else None,
+        "within_samples_ready_plus_one_interval": bool(after) and max(after) <= ANALYSIS_INTERVAL,
+        "gateway_statuses": statuses,
+        "machine": machine_info(load_before),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cases", default="kv,ttft", help="comma-separated: kv, ttft")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per mode (KV case)")
+    parser.add_argument("--ttft-rounds", type=int, default=3, help="rounds (TTFT case)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kvpool-rollout-bench-") as tmp:
-        result = run(args.rounds, Path(tmp))
-    for mode in ("kvpool", "tick_only"):
+    cases = {c.strip() for c in args.cases.split(",") if c.strip()}
+    if not cases or cases - {"kv", "ttft"}:
+        parser.error(f"--cases: expected kv and/or ttft, got {args.cases!r}")
+    path = REPO / "bench" / "results" / "rollout_reaction.json"
+    result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if "kv" in cases:
+        with tempfile.TemporaryDirectory(prefix="kvpool-rollout-bench-") as tmp:
+            result.update(run_kv(args.rounds, Path(tmp)))
+        for mode in ("kvpool", "tick_only"):
+            print(
+                f"kv {mode}: reaction median {result[mode]['median_seconds']:.2f} s, max "
+                f"{result[mode]['max_seconds']:.2f} s (measurement interval {INTERVAL:g} s)"
+            )
+    if "ttft" in cases:
+        with tempfile.TemporaryDirectory(prefix="kvpool-rollout-bench-ttft-") as tmp:
+            result["ttft"] = run_ttft(args.ttft_rounds, Path(tmp))
+        t = result["ttft"]
         print(
-            f"{mode}: reaction median {result[mode]['median_seconds']:.2f} s, max "
-            f"{result[mode]['max_seconds']:.2f} s (measurement interval {INTERVAL:g} s)"
+            f"ttft: reaction median {t['median_seconds']:.2f} s (max {t['max_seconds']:.2f} s) "
+            f"from onset; minSamples on both tracks after median "
+            f"{t['samples_ready_median_seconds']:.2f} s; reaction - samples ready median "
+            f"{t['after_samples_median_seconds']:.2f} s (analysisInterval {ANALYSIS_INTERVAL:g} s)"
         )
-    path = write_results(REPO / "bench" / "results" / "rollout_reaction.json", result)
-    print(f"wrote {path}")
+    print(f"wrote {write_results(path, result)}")
     return 0
 
 
