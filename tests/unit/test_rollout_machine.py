@@ -15,6 +15,7 @@ from kvpool.domain.rollout.machine import (
     WindowAnalysis,
     actions_of,
     decide_rollout,
+    seconds_to_next_analysis,
 )
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
@@ -641,3 +642,31 @@ def test_max_surge_bounds_canary_replicas() -> None:
         spec(max_surge=1), status(), obs(analysis=GOOD, now=at(60), warm_replicas=10)
     )
     assert d.status.step == 1 and d.actions.canary_replicas == 1
+
+
+@pytest.mark.parametrize(
+    ("phase", "stage", "last", "expected"),
+    [
+        ("Progressing", "Analyzing", "2026-01-01T00:00:00Z", 5.0),
+        ("Progressing", "Analyzing", None, 13.0),
+        ("Progressing", "Analyzing", "2025-12-31T23:59:00Z", 0.0),
+        ("Progressing", "Starting", None, None),
+        ("Paused", "Analyzing", "2026-01-01T00:00:00Z", None),
+    ],
+    ids=[
+        "due-an-interval-after-the-last-analysis",
+        "first-analysis-of-a-step-is-due-an-interval-after-it-began",
+        "overdue-is-due-now",
+        "no-analysis-before-the-step-analyses",
+        "a-paused-rollout-analyses-nothing",
+    ],
+)
+def test_seconds_to_next_analysis(
+    phase: str, stage: str, last: str | None, expected: float | None
+) -> None:
+    now = datetime.datetime(2026, 1, 1, 0, 0, 10, tzinfo=datetime.UTC)
+    status = RolloutStatus(
+        phase=phase, stage=stage, last_analysis_at=last, step_started_at="2026-01-01T00:00:08Z"
+    )
+    spec = RolloutSpec(analysis_interval="15s")
+    assert seconds_to_next_analysis(spec, status, now) == expected

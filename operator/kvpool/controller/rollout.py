@@ -60,6 +60,7 @@ from kvpool.domain.rollout.machine import (
     actions_of,
     decide_rollout,
     parse_rfc3339,
+    seconds_to_next_analysis,
 )
 from kvpool.domain.rollout.track_plan import plan_canary
 
@@ -72,6 +73,7 @@ ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
 ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"
 PHASES = ("Idle", "Progressing", "Paused", "Promoted", "Aborted")
 _RECHECKS: set[tuple[str, str]] = set()  # pools with a recheck scheduled (this process)
+ANALYSIS_SLACK_SECONDS = 0.2  # reconcile this long after an analysis falls due
 
 
 @dataclass(frozen=True)
@@ -283,12 +285,18 @@ async def reconcile_rollout(
     ready = canary_ready if decision.actions.canary_replicas > 0 else 0
     if status.phase == PROGRESSING and status.stage == STARTING and recheck > 0:
         _recheck_soon(op, namespace, name, recheck)
+    due = seconds_to_next_analysis(pool.spec.rollout, status, now)
+    if due is not None and recheck > 0:
+        # the next analysis when it is due (a tick-only operator skips a tick that comes
+        # just under analysisInterval after the last analysis, and waits a whole tick more)
+        _recheck_soon(op, namespace, name, max(due + ANALYSIS_SLACK_SECONDS, recheck / 4))
     return RolloutOutcome(decision=decision, canary_ready=ready)
 
 
 def _recheck_soon(op: Operator, namespace: str, name: str, seconds: float) -> None:
-    """Reconcile again shortly while the KV gate waits for the canary's first measurement:
-    the KV verdict must not wait for the next --measure-interval tick."""
+    """Reconcile again shortly while the KV gate waits for the canary's first measurement,
+    or when a step's next analysis falls due: verdicts must not wait for the next
+    --measure-interval tick."""
     key = (namespace, name)
     if key in _RECHECKS:
         return

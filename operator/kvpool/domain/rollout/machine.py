@@ -179,6 +179,27 @@ def _elapsed(since: str | None, now: datetime.datetime) -> float | None:
     return None if start is None else (now - start).total_seconds()
 
 
+def seconds_to_next_analysis(
+    spec: RolloutSpec, status: RolloutStatus, now: datetime.datetime
+) -> float | None:
+    """While a step is analysing: seconds until the next analysis is due (``analysisInterval``
+    after the last one, or after the step began); None in any other stage. The operator
+    reconciles then, so analyses follow ``analysisInterval`` instead of its slower ticks.
+
+    >>> at = datetime.datetime(2026, 1, 1, 0, 0, 10, tzinfo=datetime.UTC)
+    >>> st = RolloutStatus(phase=PROGRESSING, stage=ANALYZING,
+    ...                    last_analysis_at="2026-01-01T00:00:00Z")
+    >>> seconds_to_next_analysis(RolloutSpec(analysis_interval="15s"), st, at)
+    5.0
+    """
+    if status.phase != PROGRESSING or status.stage != ANALYZING:
+        return None
+    since = _elapsed(status.last_analysis_at or status.step_started_at, now)
+    if since is None:
+        return 0.0
+    return max(0.0, parse_duration(spec.analysis_interval) - since)
+
+
 def canary_replicas_for(spec: RolloutSpec, warm: int, weight: int) -> int:
     """A step's weight of the stable warm replicas, at least 1, at most maxSurge.
 
@@ -538,7 +559,9 @@ def _kv_accepted(st: RolloutStatus) -> bool:
 def _analyze(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
     st = b.status
     interval = parse_duration(spec.analysis_interval)
-    since = _elapsed(st.last_analysis_at, obs.now)
+    # the first analysis of a step comes an interval after the step began (a few first
+    # requests of a cold canary are no verdict), the next ones an interval apart
+    since = _elapsed(st.last_analysis_at or st.step_started_at, obs.now)
     if obs.analysis is None or (since is not None and since < interval):
         return
     a, g = obs.analysis, spec.gates
