@@ -44,14 +44,10 @@ with two floors measured in the same run:
   ``/metrics``, every 0.25 s) have finished ``minSamples`` requests with a TTFT in the
   window the gate uses (the canary since onset; stable over ``max(elapsed, 30 s)``, the
   operator's shortest window). No analysis, however frequent, can give a verdict earlier.
-- ``analysisInterval`` (15 s): the least time between two analyses of a step. An
-  analysis every ``analysisInterval`` from onset reacts at the first multiple of it
-  after ``samples_ready`` (``periodic_floor_seconds``). kvpool analyses on its
-  ``--measure-interval`` ticks (15 s here; plus a 2 s re-check left over from the
-  Starting stage) and skips a tick less than ``analysisInterval`` after its last
-  analysis: it reacts at the first tick after ``samples_ready`` at best, and up to two
-  intervals after it when an early (Inconclusive) analysis off the tick shifts the next
-  one (docs/0006, Measured).
+- ``analysisInterval`` (15 s): a step's first analysis comes one interval after the step
+  began, the next ones an interval apart, and the operator reconciles when one falls due
+  (not only on its ``--measure-interval`` ticks). So kvpool reacts at the first multiple
+  of ``analysisInterval`` after ``samples_ready`` (``periodic_floor_seconds``).
 
     .venv/bin/python bench/rollout_reaction.py [--cases kv,ttft] [--rounds 5] [--ttft-rounds 3]
 
