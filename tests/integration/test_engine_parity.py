@@ -245,7 +245,7 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     client = TestClient(TestServer(gw.app()))
     await client.start_server()
     try:
-        for _ in range(20):  # the top tier learns: 8 tokens per request
+        for _ in range(20):  # the top tier's TTFT samples (streamed chats)
             resp = await client.post(
                 "/v1/chat/completions",
                 json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
@@ -253,10 +253,27 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
             )
             assert resp.status == 200
             await resp.read()
+        for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
+            resp = await client.post(
+                "/v1/completions",
+                json=_completion("hello there", max_tokens=8, ignore_eos=True),
+                headers=ACME,
+            )
+            assert resp.status == 200
+            await resp.read()
+        unbounded = {"stop": ["."], "temperature": 0}
         before = gw.metrics.render().decode()
         resp = await client.post(
+            "/v1/completions",
+            json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **unbounded),
+            headers=ACME,
+        )
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+        middle = gw.metrics.render().decode()
+        resp = await client.post(
             "/v1/chat/completions",
-            json=_chat(max_completion_tokens=MAX_MODEL_LEN, stop=["."], temperature=0),
+            json=_chat(max_completion_tokens=MAX_MODEL_LEN, **unbounded),
             headers=ACME,
         )
         assert resp.status == 200, await resp.text()
@@ -266,15 +283,21 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     finally:
         await client.close()
 
-    def delta(name: str) -> float:
-        return _sample(after, name) - _sample(before, name)
+    def delta(name: str, start: str, end: str) -> float:
+        return _sample(end, name) - _sample(start, name)
 
     reserved, bound = (
-        delta("kvpool_gateway_reserved_tokens_total"),
-        delta("kvpool_gateway_bound_tokens_total"),
+        delta("kvpool_gateway_reserved_tokens_total", before, middle),
+        delta("kvpool_gateway_bound_tokens_total", before, middle),
     )
     assert bound > 400, f"the unbounded request's bound is the context, got {bound}"
-    assert reserved < bound - 400, f"reserved {reserved} of bound {bound}: nothing learned"
+    assert reserved < bound - 400, f"batch reserved {reserved} of bound {bound}: nothing learned"
+    top_reserved, top_bound = (
+        delta("kvpool_gateway_reserved_tokens_total", middle, after),
+        delta("kvpool_gateway_bound_tokens_total", middle, after),
+    )
+    assert top_bound > 400
+    assert top_reserved == top_bound, "the top tier reserves its whole bound (never preempted)"
     chat = 'tier="interactive"'
     assert _sample(after, "kvpool_gateway_tier_ttft_seconds_count", chat) >= 20
     assert _sample(after, "kvpool_gateway_tier_ttft_target_seconds", chat) == 0.5
