@@ -41,6 +41,8 @@ def test_forgetting_a_pool_removes_only_its_series() -> None:
     metrics.record_conditions("llm", "chat", [("Ready", "True"), ("Degraded", "True")])
     metrics.record_conditions("llm", "code", [("Ready", "False")])
     metrics.warm_replicas.labels("llm", "chat").set(2)
+    metrics.rollout_phase.labels("llm", "chat", "Paused").set(1)
+    metrics.rollout_gate_value.labels("llm", "chat", "kvCapacity", "canary").set(1024)
 
     metrics.forget_pool("llm", "chat")
     metrics.forget_pool("llm", "never-seen")  # no error for a pool without series

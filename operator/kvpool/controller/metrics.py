@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from kvpool.api.modelpool import RolloutPhase
 from kvpool.domain.conditions import MODELPOOL_CONDITION_TYPES
+from kvpool.domain.rollout.gates import GateName
 
 
 @dataclass
@@ -89,8 +92,18 @@ class OperatorMetrics:
 
     def forget_pool(self, namespace: str, pool: str) -> None:
         """Drop a deleted pool's per-pool series (no alert on a pool that is gone)."""
-        children = [(self.warm_replicas, (namespace, pool))] + [
+        children: list[tuple[Gauge, tuple[str, ...]]] = [(self.warm_replicas, (namespace, pool))]
+        children += [
             (self.pool_condition, (namespace, pool, type_)) for type_ in MODELPOOL_CONDITION_TYPES
+        ]
+        # a pool deleted mid-rollout must not keep KvpoolRolloutPaused firing
+        children += [
+            (self.rollout_phase, (namespace, pool, phase)) for phase in get_args(RolloutPhase)
+        ]
+        children += [
+            (self.rollout_gate_value, (namespace, pool, gate, track))
+            for gate in get_args(GateName)
+            for track in ("stable", "canary")
         ]
         for gauge, labels in children:
             with contextlib.suppress(KeyError):  # never set for this pool
