@@ -105,21 +105,24 @@ def prior_status(op: Operator, key: tuple[str, str], body: Body) -> ModelPoolSta
         return None
 
 
-def static_endpoints(op: Operator, pool: ModelPool) -> str | None:
-    """The pool's ``kvpool.dev/static-endpoints`` annotation, honoured only when the
-    operator runs with ``--allow-static-endpoints`` (local mode: no pods to discover). In
-    a cluster it is ignored (and logged): anyone allowed to annotate a ModelPool could
-    otherwise send every tenant's traffic for its model to any URL."""
-    text = pool.metadata.annotations.get(ANNOTATION_STATIC_ENDPOINTS)
+def static_endpoints(
+    op: Operator, pool: ModelPool, annotation: str = ANNOTATION_STATIC_ENDPOINTS
+) -> str | None:
+    """The pool's ``kvpool.dev/static-endpoints`` annotation (or the canary's, by
+    ``annotation``), honoured only when the operator runs with ``--allow-static-endpoints``
+    (local mode: no pods to discover). In a cluster it is ignored (and logged): anyone
+    allowed to annotate a ModelPool could otherwise send every tenant's traffic for its
+    model to any URL."""
+    text = pool.metadata.annotations.get(annotation)
     if text and not op.config.allow_static_endpoints:
-        key = ("static-ignored", pool.metadata.namespace or "default", pool.metadata.name)
+        key = (f"ignored:{annotation}", pool.metadata.namespace or "default", pool.metadata.name)
         if key not in op.warned:
             op.warned.add(key)
             log.warning(
                 "ModelPool %s/%s: annotation %s ignored (the operator runs without "
                 "--allow-static-endpoints)",
                 *key[1:],
-                ANNOTATION_STATIC_ENDPOINTS,
+                annotation,
             )
         return None
     return text

@@ -31,7 +31,11 @@ from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.clock import utc_now
 from kvpool.controller.observe import assess_cached_namespace, prior_status, static_endpoints
-from kvpool.controller.rollout import build_canary_input, stable_revision_of
+from kvpool.controller.rollout import (
+    ANNOTATION_CANARY_STATIC_ENDPOINTS,
+    build_canary_input,
+    stable_revision_of,
+)
 from kvpool.domain import conditions as c
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import (
@@ -80,7 +84,12 @@ def _pool_inputs(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> l
                 plan=status.plan if status is not None else None,
                 revision=stable_revision_of(status, revision_of(pool.spec)),
                 endpoints=endpoints,
-                canary=build_canary_input(pool, status, pods, op.config.allow_static_endpoints),
+                canary=build_canary_input(
+                    pool,
+                    status,
+                    pods,
+                    static_endpoints(op, pool, ANNOTATION_CANARY_STATIC_ENDPOINTS),
+                ),
             )
         )
     return inputs

@@ -42,6 +42,7 @@ from kvpool.adapters.prometheus import (
 from kvpool.api.admission_config import Endpoint
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutStatus
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller.observe import static_endpoints
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import CanaryInput, PodView, build_endpoints, parse_static_endpoints
 from kvpool.domain.rollout.gates import TrackSample
@@ -239,7 +240,7 @@ async def reconcile_rollout(
     namespace, name = pool.metadata.namespace or "default", pool.metadata.name
     before = _seed(prior, spec_revision)
     active = before is not None and before.canary_revision is not None
-    static = canary_static_endpoints(pool, op.config.allow_static_endpoints)
+    static = static_endpoints(op, pool, ANNOTATION_CANARY_STATIC_ENDPOINTS)
     canary_ready, unschedulable = 0, False
     if active and before is not None and before.canary_replicas > 0:
         if static:
@@ -379,25 +380,16 @@ async def scale_stable(op: Operator, pool: ModelPool, replicas: int) -> kube.Jso
     return patched or current
 
 
-def canary_static_endpoints(pool: ModelPool, allowed: bool) -> str | None:
-    """The ``kvpool.dev/canary-static-endpoints`` annotation, honoured only with
-    ``--allow-static-endpoints`` (local mode), like ``kvpool.dev/static-endpoints``."""
-    return pool.metadata.annotations.get(ANNOTATION_CANARY_STATIC_ENDPOINTS) if allowed else None
-
-
 def build_canary_input(
-    pool: ModelPool,
-    status: ModelPoolStatus | None,
-    pods: list[PodView],
-    allow_static_endpoints: bool = False,
+    pool: ModelPool, status: ModelPoolStatus | None, pods: list[PodView], static: str | None
 ) -> CanaryInput | None:
     """The canary track of the compiled config, from ``status.rollout`` and its endpoints
-    (canary pods, or ``kvpool.dev/canary-static-endpoints`` in local mode)."""
+    (canary pods, or ``static``: the ``kvpool.dev/canary-static-endpoints`` annotation as
+    honoured in local mode, :func:`~kvpool.controller.observe.static_endpoints`)."""
     rollout = status.rollout if status is not None else None
     if rollout is None or rollout.canary_revision is None:
         return None
     actions = actions_of(pool.spec.rollout, rollout, rollout.canary_replicas)
-    static = canary_static_endpoints(pool, allow_static_endpoints)
     if actions.canary_replicas <= 0:
         endpoints: tuple[Endpoint, ...] = ()
     elif static:
