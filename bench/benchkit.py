@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +32,16 @@ def write_results(path: Path, result: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path.relative_to(REPO)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank ``q``-th percentile of ``values`` (None when there are none)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def words_text(rng: random.Random, words: int, vocabulary: Sequence[str]) -> str:
+    """``words`` words drawn from ``vocabulary`` (seeded: the same load every run)."""
+    return " ".join(rng.choice(vocabulary) for _ in range(words))

@@ -71,7 +71,7 @@ from tests.gateway_builders import ConfigBuilder, GatewayProcess
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import machine_info, write_results
+from benchkit import machine_info, percentile, words_text, write_results
 from protection_tiers import EXAMPLE_TTFT_TARGET, compare, draw, run_three_tiers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
@@ -101,14 +101,7 @@ WORDS = [
 
 
 def text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return words_text(rng, words, WORDS)
 
 
 @dataclass

@@ -50,6 +50,8 @@ from tests.gateway_builders import ConfigBuilder, GatewayProcess
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
+from benchkit import percentile, words_text
+
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 512
@@ -61,14 +63,7 @@ WORDS = ["the", "a", "model", "token", "cache", "tier", "floor", "budget", "engi
 
 
 def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return words_text(rng, words, WORDS)
 
 
 @dataclass
@@ -268,8 +263,8 @@ def summarise(tally: RunTally) -> dict[str, Any]:
     total = sum(t.tokens for t in tally.tiers.values())
     row: dict[str, Any] = {
         "chat_requests": len(tally.ttft_ms),
-        "chat_ttft_p50_ms": _r(_percentile(tally.ttft_ms, 50)),
-        "chat_ttft_p95_ms": _r(_percentile(tally.ttft_ms, 95)),
+        "chat_ttft_p50_ms": _r(percentile(tally.ttft_ms, 50)),
+        "chat_ttft_p95_ms": _r(percentile(tally.ttft_ms, 95)),
         "total_tokens_per_s": _r(total / tally.seconds if tally.seconds else None),
         "preemptions": int(tally.preemptions),
         "seconds": round(tally.seconds, 1),
