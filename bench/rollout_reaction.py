@@ -71,6 +71,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,26 @@ from kvpool.domain.revision import revision_of  # noqa: E402
 
 INTERVAL = 15.0
 MP = resource_path("kvpool.dev/v1alpha1", "modelpools", "default", "chat")
+
+
+def _stable_measured(
+    kube: KubeApi, prom: PrometheusServer, target: Callable[[str], ScrapeTarget]
+) -> str:
+    """Wait for the pool's revision, scrape stable's engine under it, and wait until the
+    operator has measured its 2,048 KV tokens; returns the revision."""
+    first = _wait(lambda: (kube.client.get(MP).get("status") or {}).get("revision"), 60, "rev")
+    prom.set_targets({"vllm": [target(first)]})
+    _wait(
+        lambda: (
+            ((kube.client.get(MP).get("status") or {}).get("capacity") or {}).get(
+                "kvTokensPerReplica"
+            )
+            == 2048
+        ),
+        90,
+        "stable measured",
+    )
+    return str(first)
 
 
 def _pool_doc(stable_url: str) -> dict[str, Any]:
@@ -159,20 +180,7 @@ def run_kv(rounds: int, workdir: Path) -> dict[str, Any]:
         results: dict[str, list[float]] = {}
         for mode, recheck in (("kvpool", "2"), ("tick_only", "0")):
             with _operator(kube, prom, workdir, mode, recheck, ("--allow-static-endpoints",)):
-                first = _wait(
-                    lambda: (kube.client.get(MP).get("status") or {}).get("revision"), 60, "rev"
-                )
-                prom.set_targets({"vllm": [_target(stable, first, "stable-0")]})
-                _wait(
-                    lambda: (
-                        ((kube.client.get(MP).get("status") or {}).get("capacity") or {}).get(
-                            "kvTokensPerReplica"
-                        )
-                        == 2048
-                    ),
-                    90,
-                    "stable measured",
-                )
+                first = _stable_measured(kube, prom, lambda rev: _target(stable, rev, "stable-0"))
                 seed = 1 if mode == "kvpool" else 1 + rounds
                 results[mode] = _rounds(kube, prom, doc, stable, canary, first, rounds, seed, mode)
     summary = {
@@ -467,18 +475,7 @@ def run_ttft(rounds: int, workdir: Path) -> dict[str, Any]:
         stack.enter_context(
             _operator(kube, prom, workdir, "ttft", "2", ("--allow-static-endpoints",))
         )
-        first = _wait(lambda: (kube.client.get(MP).get("status") or {}).get("revision"), 60, "rev")
-        prom.set_targets({"vllm": [_ttft_target(stable, first, "chat-stable-0")]})
-        _wait(
-            lambda: (
-                ((kube.client.get(MP).get("status") or {}).get("capacity") or {}).get(
-                    "kvTokensPerReplica"
-                )
-                == 2048
-            ),
-            90,
-            "stable measured",
-        )
+        first = _stable_measured(kube, prom, lambda rev: _ttft_target(stable, rev, "chat-stable-0"))
         gateway = _gateway(kube, workdir, stack)
         counts = _Counts(stable, canary)
         counts.thread.start()
