@@ -71,7 +71,7 @@ from tests.gateway_builders import ConfigBuilder, GatewayProcess
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import machine_info, percentile, words_text, write_results
+from benchkit import machine_info, percentile, pin_process, words_text, write_results
 from protection_tiers import EXAMPLE_TTFT_TARGET, compare, draw, run_three_tiers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
@@ -440,7 +440,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for policy in ("priority", "fcfs"):
             engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
         if args.pin:  # from here on: this process and the gateway it starts
-            os.sched_setaffinity(0, {CLIENT_CORE})
+            pin_process({CLIENT_CORE})  # the load generator and the gateway
         config_path = gateway_config(engines["priority"]).write(workdir / "config.json")
         gateway = GatewayProcess(
             config_path, workdir / "gateway.log", extra_args=("--no-access-log",)

@@ -50,7 +50,7 @@ from tests.gateway_builders import ConfigBuilder, GatewayProcess
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import percentile, words_text
+from benchkit import percentile, pin_process, words_text
 
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 8
@@ -342,7 +342,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
         for policy in ("priority", "fcfs"):
             engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
         if args.pin:
-            os.sched_setaffinity(0, {1})
+            pin_process({1})  # the load generator and the gateways: never the engines' core
         prio = engines["priority"]
         plan: list[tuple[str, Any]] = [
             ("chat-alone", ("direct", prio, True, True)),
