@@ -35,8 +35,9 @@ def make_tier(
     engine_priority: int | None = None,
     floor_percent: int = 0,
     lend_percent: int = 100,
+    ttft: float | None = None,
 ) -> CompiledTier:
-    """A compiled tier; engine priority defaults to the rank."""
+    """A compiled tier; engine priority defaults to the rank; ``ttft``: its ttftP95Target."""
     return CompiledTier(
         name=name,
         rank=rank,
@@ -45,6 +46,7 @@ def make_tier(
         max_queue_wait_seconds=wait,
         engine_priority=rank if engine_priority is None else engine_priority,
         reclaim=reclaim,
+        ttft_p95_target_seconds=ttft,
     )
 
 
@@ -57,6 +59,7 @@ class _TierSpec:
     lend_slots: int
     wait: float
     reclaim: Literal["Wait", "Preempt"]
+    ttft: float | None = None
 
 
 @dataclass
@@ -88,8 +91,10 @@ class PoolBuilder:
         lend_slots: int | None = None,
         wait: float = 5.0,
         reclaim: Literal["Wait", "Preempt"] = "Wait",
+        ttft: float | None = None,
     ) -> PoolBuilder:
-        """Add a tier (highest priority first); lendable defaults to the whole floor."""
+        """Add a tier (highest priority first); lendable defaults to the whole floor;
+        ``ttft``: its ttftP95Target (seconds)."""
         self._tiers.append(
             _TierSpec(
                 name,
@@ -99,6 +104,7 @@ class PoolBuilder:
                 floor_slots if lend_slots is None else lend_slots,
                 wait,
                 reclaim,
+                ttft,
             )
         )
         return self
@@ -171,7 +177,7 @@ class PoolBuilder:
 
     def tiers(self) -> list[CompiledTier]:
         return [
-            make_tier(t.name, rank, wait=t.wait, reclaim=t.reclaim)
+            make_tier(t.name, rank, wait=t.wait, reclaim=t.reclaim, ttft=t.ttft)
             for rank, t in enumerate(self._tiers)
         ]
 

@@ -43,6 +43,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
@@ -331,6 +332,8 @@ class RequestPipeline:
             demoted=demoted,
             started=started,
         )
+        if tier.ttft_p95_target_seconds:  # its replica's prefill hold ends at the first token
+            admission.meter.on_first_token = partial(runtime.first_token, verdict.reservation_id)
         return admission, parsed
 
     # -- step 8 ----------------------------------------------------------------------------

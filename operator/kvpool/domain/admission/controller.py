@@ -46,9 +46,19 @@ the tier's maximum, the request is rejected at once (``rejected-deadline``, 503 
 observed the estimate is unknown and the request is queued; :meth:`expire` rejects
 queued requests whose deadline passed.
 
+**Prefill holds.** A tier with a ``ttftP95Target`` promises a fast first token, and on
+an engine a request's first token comes after one step that runs its prefill together
+with whatever else the engine scheduled: a lower tier's long prompt sent in the same
+moment makes that step (and the first token) several times slower. So from admitting
+such a request until its first token (:meth:`first_token`), or for at most the target,
+its replica takes no request of a lower tier (they start elsewhere or wait; capacity and
+floors are unaffected, only the moment they start moves). Holds chained back to back
+never keep lower tiers off a replica longer than the longest target at a time.
+
 **Lifecycle.** The I/O layer keeps one controller per pool, turns :class:`Queue` into a
 future, resolves futures from the :class:`Wakeups` every mutator returns, calls
-:meth:`release` when the response ends, the client disconnects or the engine fails
+:meth:`first_token` when a response shows its first token, :meth:`release` when the
+response ends, the client disconnects or the engine fails
 (idempotent), and calls :meth:`expire` at :meth:`next_deadline`. Nothing here reads a
 clock: ``now`` (seconds, monotonic) is passed in.
 
@@ -82,7 +92,13 @@ from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
 from kvpool.domain.admission.fair_queue import FairQueue
-from kvpool.domain.admission.ledger import _Position, _Replica, _Reservation, _TierState, _Waiting
+from kvpool.domain.admission.ledger import (
+    _Position,
+    _Replica,
+    _Reservation,
+    _TierState,
+    _Waiting,
+)
 from kvpool.domain.admission.verdicts import (
     REASON_DEADLINE_PASSED,
     REASON_NO_PLAN,
@@ -130,6 +146,8 @@ class AdmissionController:
         self._borrowing_paused = False  # engines report their KV cache nearly full
         self._lent_limits: dict[int, int] = {}  # protected rank -> borrowers allowed below it
         self._borrowed_by_rank: dict[int, int] = {}  # rank -> in-flight borrowed requests
+        self._longest_hold = 0.0  # the longest prefill hold of any tier (seconds)
+        self._holds_checked_at = -math.inf  # the last expire(): hold gates up to it were seen
         self._apply_plan(pool, tiers)
 
     # ------------------------------------------------------------------ public API
@@ -217,6 +235,7 @@ class AdmissionController:
             self._tenant_inflight.pop(req.tenant, None)
         FairQueue.touch(tier, req.tenant, self._order)
         if res.replica is not None:
+            _drop_hold(res.replica, reservation_id)
             res.replica.add(res.rank, req.tokens, req.slots, -1)
             if not res.replica.listed and res.replica.empty:
                 self._replicas.pop(res.replica.name, None)
@@ -244,7 +263,9 @@ class AdmissionController:
         return self._wakeups(self._dispatch(now), [])
 
     def expire(self, now: float) -> Wakeups:
-        """Reject queued requests whose deadline is <= now (``rejected-deadline``)."""
+        """Reject queued requests whose deadline is <= now (``rejected-deadline``); end
+        prefill holds that ran out."""
+        held = self._end_holds(now)
         rejected: list[Reject] = []
         for waiting in list(self._waiting.expired(now)):
             self._waiting.unqueue(waiting)
@@ -262,15 +283,56 @@ class AdmissionController:
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
             )
-        if not rejected:
+        if not rejected and not held:
             return self._wakeups([], [])
         return self._wakeups(self._dispatch(now), rejected)
+
+    def first_token(self, request_id: str, now: float) -> Wakeups:
+        """An admitted request's first token arrived: its prefill hold ends (see the module
+        docstring). Unknown ids and requests without a hold are ignored."""
+        res = self._reservations.get(request_id)
+        if res is None or res.replica is None or request_id not in res.replica.holds:
+            return self._wakeups([], [])
+        _drop_hold(res.replica, request_id)
+        return self._wakeups(self._dispatch(now), [])
+
+    def _end_holds(self, now: float) -> bool:
+        """Drop prefill holds whose time ran out; True if any did, or if a chain of holds
+        has now kept lower tiers off a replica for ``_longest_hold``."""
+        changed = False
+        for replica in self._replicas.values():
+            for rid in [rid for rid, (_, until) in replica.holds.items() if until <= now]:
+                _drop_hold(replica, rid)
+                changed = True
+            if replica.holds and replica.held_since is not None:
+                gate = replica.held_since + self._longest_hold
+                changed |= self._holds_checked_at < gate <= now
+        self._holds_checked_at = now
+        return changed
+
+    def _hold_deadline(self) -> float | None:
+        """When the first prefill hold runs out, or a chain of holds has kept lower tiers
+        off a replica long enough (each such moment is returned until :meth:`expire` saw it:
+        if nothing lower could start then, it is not a deadline any more)."""
+        times: list[float] = []
+        for replica in self._replicas.values():
+            if replica.holds:
+                times.extend(until for _, until in replica.holds.values())
+                if replica.held_since is not None:
+                    gate = replica.held_since + self._longest_hold
+                    if gate > self._holds_checked_at:
+                        times.append(gate)
+        return min(times, default=None)
 
     def next_deadline(self) -> float | None:
         """When to call :meth:`expire`: the earliest deadline of a queued request, or a past
         time (the offer's ``now``) when an offer started other requests too (rare, see the
         module docstring) so that the next :class:`Wakeups` delivers them."""
         earliest = self._waiting.earliest_deadline()
+        if self._waiting:
+            hold = self._hold_deadline()
+            if hold is not None:
+                earliest = hold if earliest is None else min(earliest, hold)
         if self._pending_since is not None:
             return self._pending_since if earliest is None else min(earliest, self._pending_since)
         return earliest
@@ -439,6 +501,7 @@ class AdmissionController:
         for offset, state in enumerate(retired):
             state.rank = base + offset
         self._order = sorted(self._tiers.values(), key=lambda s: s.rank)
+        self._longest_hold = max((t.prefill_hold for t in self._order), default=0.0)
         for state in self._order:
             state.head_valid = False
         listed: set[str] = set()
@@ -753,10 +816,13 @@ class AdmissionController:
             preempts = True
         replica: _Replica | None = None
         if self._replicas:
+            open_replicas = [
+                r
+                for r in self._replicas.values()
+                if not r.held_for(tier.rank, now, self._longest_hold)
+            ]
             views: Sequence[ReplicaView] = (
-                [r.load(tier.rank) for r in self._replicas.values()]
-                if preempts
-                else list(self._replicas.values())
+                [r.load(tier.rank) for r in open_replicas] if preempts else open_replicas
             )
             choice = decide_replica(
                 views,
@@ -841,6 +907,12 @@ class AdmissionController:
         FairQueue.touch(tier, req.tenant, self._order)
         if replica is not None:
             replica.add(tier.rank, req.tokens, req.slots, +1)
+            if any(rank < tier.rank for rank, _ in replica.holds.values()):
+                replica.held_since = now  # let through past a chain of holds: hold again
+            if tier.prefill_hold > 0:
+                if not replica.holds:
+                    replica.held_since = now
+                replica.holds[req.request_id] = (tier.rank, now + tier.prefill_hold)
         self._reservations[req.request_id] = _Reservation(
             req, tier, now, replica, tier.rank, borrowed
         )
@@ -852,6 +924,11 @@ class AdmissionController:
             admitted = self._pending + admitted
             self._pending, self._pending_since = [], None
         return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
+
+
+def _drop_hold(replica: _Replica, request_id: str) -> None:
+    if replica.holds.pop(request_id, None) is not None and not replica.holds:
+        replica.held_since = None
 
 
 def _retry_after(seconds: float) -> float:

@@ -28,6 +28,7 @@ class _TierState:
         "lend_t",
         "max_wait",
         "name",
+        "prefill_hold",
         "queued_count",
         "queued_s",
         "queued_t",
@@ -47,6 +48,7 @@ class _TierState:
         self.max_wait = 0.0
         self.reclaim = "Wait"
         self.removed = False
+        self.prefill_hold = 0.0  # seconds a request of this tier holds lower tiers off its replica
         self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
         self.used_t = self.used_s = 0
         self.queued_t = self.queued_s = self.queued_count = 0
@@ -62,6 +64,7 @@ class _TierState:
         self.max_wait = max(0.0, tier.max_queue_wait_seconds)
         self.reclaim = tier.reclaim
         self.removed = False
+        self.prefill_hold = max(0.0, tier.ttft_p95_target_seconds or 0.0)
         self.floor_t = alloc.floor_tokens if alloc else 0
         self.floor_s = alloc.floor_slots if alloc else 0
         self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
@@ -70,6 +73,7 @@ class _TierState:
     def retire(self) -> None:
         """The tier left the policy: keep its reservations, guarantee it nothing."""
         self.removed = True
+        self.prefill_hold = 0.0
         self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
 
 
@@ -87,6 +91,17 @@ class _Replica:
     by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
     preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
     preemptible_slots: int = 0
+    # prefill holds: request id -> (its tier's rank, until when); lower ranks wait meanwhile
+    holds: dict[str, tuple[int, float]] = field(default_factory=dict)
+    held_since: float | None = None  # lower tiers were last let through (or first held) then
+
+    def held_for(self, rank: int, now: float, longest: float) -> bool:
+        """Whether a request of ``rank`` must not start here now: a request of a higher
+        tier is in its prefill. Holds chained back to back never keep lower tiers off
+        longer than ``longest`` (the longest hold) at a time."""
+        if not any(r < rank for r, _ in self.holds.values()):
+            return False
+        return self.held_since is None or now < self.held_since + longest
 
     @property
     def ready(self) -> bool:
