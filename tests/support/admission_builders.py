@@ -241,6 +241,7 @@ class Requests:
         weight: int = 1,
         max_concurrency: int | None = None,
         track: str | None = None,
+        borrow_tokens: int | None = None,
     ) -> AdmissionRequest:
         self.count += 1
         return AdmissionRequest(
@@ -252,4 +253,5 @@ class Requests:
             weight=weight,
             max_concurrency=max_concurrency,
             track=track,
+            borrow_tokens=borrow_tokens,
         )

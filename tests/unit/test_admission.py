@@ -565,6 +565,42 @@ def test_a_running_request_ends_the_starved_claim() -> None:
     assert [a.request_id for a in wake.admitted] == [queued_batch.request_id]
 
 
+@pytest.mark.parametrize(
+    ("before", "offer", "expected"),
+    [
+        ([], (150, 100), ("admitted", 150)),
+        ([(150, 100)], (150, 100), ("borrowed", 100)),
+        ([(150, 100)], (50, 10), ("admitted", 50)),
+        ([], (150, None), ("admitted", 150)),
+        ([(150, 100)], (150, None), ("borrowed", 150)),
+    ],
+    ids=[
+        "inside-the-floor-reserves-the-whole-need",
+        "above-the-floor-reserves-the-overcommitted-size",
+        "what-still-fits-the-floor-is-not-overcommitted",
+        "no-overcommitted-size-given",
+        "borrowing-without-overcommitted-size-reserves-the-whole-need",
+    ],
+)
+def test_overcommit_applies_only_above_the_floor(before, offer, expected) -> None:
+    """lo's floor is 200 tokens: (tokens, borrow_tokens) offers; what lo then holds."""
+    builder = PoolBuilder().capacity(1000, 10).tier("hi", 400, 4).tier("lo", 200, 4)
+    ctl, make = controller(builder), Requests()
+    held = 0
+    for tokens, borrow in before:
+        admit = ctl.offer(make.make("lo", tokens, borrow_tokens=borrow), 0.0)
+        assert isinstance(admit, Admit)
+        held += admit.tokens
+    verdict = ctl.offer(make.make("lo", offer[0], borrow_tokens=offer[1]), 0.0)
+    assert isinstance(verdict, Admit)
+    assert (verdict.outcome, verdict.tokens) == expected
+    lo = next(t for t in ctl.snapshot().tiers if t.tier == "lo")
+    assert lo.in_use_tokens == held + verdict.tokens
+    ctl.release(verdict.reservation_id, 1.0)
+    lo = next(t for t in ctl.snapshot().tiers if t.tier == "lo")
+    assert lo.in_use_tokens == held  # a release gives back exactly what was reserved
+
+
 class TestPrefillHolds:
     """A tier with a ttftP95Target keeps lower tiers off its replica until its first token."""
 

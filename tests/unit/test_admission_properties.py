@@ -129,13 +129,15 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def offer(self, data: st.DataObject) -> None:
         tier = data.draw(st.sampled_from([t.name for t in self.plan.tiers]))
+        tokens = data.draw(st.integers(0, self.plan.pool.total_tokens // 2))
         request = self._new_request(
             tier,
-            data.draw(st.integers(0, self.plan.pool.total_tokens // 2)),
+            tokens,
             data.draw(st.integers(1, 3)),
             data.draw(st.sampled_from(["a", "b", "c"])),
             weight=data.draw(st.integers(1, 3)),
             max_concurrency=data.draw(st.sampled_from([None, 1, 3])),
+            borrow_tokens=data.draw(st.one_of(st.none(), st.integers(0, tokens))),
         )
         self._record(self.ctl.offer(request, self.now), request)
         self._deliver_pending()

@@ -378,11 +378,11 @@ class RequestPipeline:
                     admission.tenant.tenant, format_window(window)
                 ).inc(outcome.charged_tokens)
         if actual:
-            estimate = admission.estimate
-            self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
+            reserved = admission.admit.tokens  # inside the floor or overcommitted above it
+            self.metrics.reserved_tokens.labels(pool).inc(reserved)
             self.metrics.actual_tokens.labels(pool).inc(actual)
-            self.metrics.bound_tokens.labels(pool).inc(estimate.charge_tokens)
-            self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
+            self.metrics.bound_tokens.labels(pool).inc(admission.estimate.charge_tokens)
+            self.metrics.estimate_error.labels(pool).observe(reserved - actual)
 
     def _adapt(self, admission: Admission, outcome: Outcome) -> None:
         """Feed the finished request to its pool's learning: output and TTFT samples."""
@@ -440,7 +440,7 @@ class RequestPipeline:
                         if outcome.ttft_seconds is not None
                         else None
                     ),
-                    "reserved_tokens": admission.estimate.tokens,
+                    "reserved_tokens": admission.admit.tokens,
                     "bound_tokens": admission.estimate.charge_tokens,
                     "charged_tokens": outcome.charged_tokens,
                     "prompt_tokens": outcome.prompt_tokens,

@@ -91,6 +91,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.amount import Amount
 from kvpool.domain.admission.fair_queue import FairQueue
 from kvpool.domain.admission.ledger import (
     _Position,
@@ -218,12 +219,12 @@ class AdmissionController:
                 self._borrowed_by_rank[res.rank] = left
             else:
                 self._borrowed_by_rank.pop(res.rank, None)
-        req, tier = res.request, res.tier
-        tier.used_t -= req.tokens
-        tier.used_s -= req.slots
-        self._used_t -= req.tokens
-        self._used_s -= req.slots
-        left = tier.tenant_tokens.get(req.tenant, 0) - req.tokens
+        req, tier, held = res.request, res.tier, res.amount
+        tier.used_t -= held.tokens
+        tier.used_s -= held.slots
+        self._used_t -= held.tokens
+        self._used_s -= held.slots
+        left = tier.tenant_tokens.get(req.tenant, 0) - held.tokens
         if left > 0:
             tier.tenant_tokens[req.tenant] = left
         else:
@@ -236,7 +237,7 @@ class AdmissionController:
         FairQueue.touch(tier, req.tenant, self._order)
         if res.replica is not None:
             _drop_hold(res.replica, reservation_id)
-            res.replica.add(res.rank, req.tokens, req.slots, -1)
+            res.replica.add(res.rank, held.tokens, held.slots, -1)
             if not res.replica.listed and res.replica.empty:
                 self._replicas.pop(res.replica.name, None)
         if tier.removed and tier.used_s == 0 and tier.used_t == 0 and tier.queued_count == 0:
@@ -248,7 +249,7 @@ class AdmissionController:
             else (1 - EWMA_ALPHA) * self._mean_hold + EWMA_ALPHA * hold
         )
         if actual_tokens is not None:
-            self._estimate_error += req.tokens - actual_tokens
+            self._estimate_error += held.tokens - actual_tokens
             self._settled += 1
         return self._wakeups(self._dispatch(now), [])
 
@@ -584,14 +585,14 @@ class AdmissionController:
 
     def _never_fits(self, request: AdmissionRequest, tier: _TierState) -> bool:
         cap_t, cap_s = self._ceiling(tier)
-        return request.tokens > cap_t or request.slots > cap_s
+        return request.borrowing_tokens > cap_t or request.slots > cap_s
 
     def _too_large_message(self, request: AdmissionRequest, tier: _TierState) -> str:
         cap_t, cap_s = self._ceiling(tier)
         return (
-            f"the request needs {request.tokens} KV tokens and {request.slots} slot(s); tier "
-            f"{tier.name!r} of pool {self._pool.name!r} can hold at most {cap_t} tokens and "
-            f"{cap_s} slots for one request"
+            f"the request needs {request.borrowing_tokens} KV tokens and {request.slots} "
+            f"slot(s); tier {tier.name!r} of pool {self._pool.name!r} can hold at most "
+            f"{cap_t} tokens and {cap_s} slots for one request"
         )
 
     def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
@@ -802,7 +803,10 @@ class AdmissionController:
         inside = self._inside_floor(tier, req)
         if not within and self._lending_blocked(tier):
             return None
-        pos = self._position(tier, req.tokens, req.slots, None if within else wants)
+        # inside its floor a request reserves its whole (learned) need; above it, what the
+        # pool's overcommit ratio says (AdmissionRequest.borrow_tokens)
+        size = req.amount if inside else Amount(req.borrowing_tokens, req.slots)
+        pos = self._position(tier, size.tokens, size.slots, None if within else wants)
         preempts = False
         if pos.deficit_t > 0 or pos.deficit_s > 0:
             if not (
@@ -826,8 +830,8 @@ class AdmissionController:
             )
             choice = decide_replica(
                 views,
-                tokens=req.tokens,
-                slots=req.slots,
+                tokens=size.tokens,
+                slots=size.slots,
                 tokens_per_replica=self._pool.tokens_per_replica,
                 slots_per_replica=self._pool.slots_per_replica,
                 track=req.track,
@@ -838,16 +842,16 @@ class AdmissionController:
             replica = self._replicas[choice.name]
         borrowed_from: tuple[str, ...] = ()
         if not inside:
-            borrowed_from = self._borrow_sources(tier, req)
-        self._commit(tier, waiting, replica, now, borrowed=not within)
+            borrowed_from = self._borrow_sources(tier, size)
+        self._commit(tier, waiting, size, replica, now, borrowed=not within)
         if preempts:
             self._preempt_admissions += 1
         return Admit(
             request_id=req.request_id,
             tenant=req.tenant,
             tier=tier.name,
-            tokens=req.tokens,
-            slots=req.slots,
+            tokens=size.tokens,
+            slots=size.slots,
             outcome="admitted" if inside else "borrowed",
             borrowed_from=borrowed_from,
             replica=replica.name if replica else None,
@@ -858,16 +862,16 @@ class AdmissionController:
             engine_priority=tier.engine_priority,
         )
 
-    def _borrow_sources(self, tier: _TierState, req: AdmissionRequest) -> tuple[str, ...]:
+    def _borrow_sources(self, tier: _TierState, size: Amount) -> tuple[str, ...]:
         """Who lends to this borrowing request: the shared remainder and/or tier floors."""
         lent_before = (self._lent(tokens=True), self._lent(tokens=False))
         shared_before = self._shared_used()
-        tier.used_t += req.tokens
-        tier.used_s += req.slots
+        tier.used_t += size.tokens
+        tier.used_s += size.slots
         lent_after = (self._lent(tokens=True), self._lent(tokens=False))
         shared_after = self._shared_used()
-        tier.used_t -= req.tokens
-        tier.used_s -= req.slots
+        tier.used_t -= size.tokens
+        tier.used_s -= size.slots
         sources: list[str] = []
         if shared_after[0] > shared_before[0] or shared_after[1] > shared_before[1]:
             sources.append(SHARED)
@@ -891,6 +895,7 @@ class AdmissionController:
         self,
         tier: _TierState,
         waiting: _Waiting,
+        size: Amount,
         replica: _Replica | None,
         now: float,
         *,
@@ -898,15 +903,15 @@ class AdmissionController:
     ) -> None:
         req = waiting.request
         self._waiting.unqueue(waiting)
-        tier.used_t += req.tokens
-        tier.used_s += req.slots
-        self._used_t += req.tokens
-        self._used_s += req.slots
-        tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
+        tier.used_t += size.tokens
+        tier.used_s += size.slots
+        self._used_t += size.tokens
+        self._used_s += size.slots
+        tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + size.tokens
         self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
         FairQueue.touch(tier, req.tenant, self._order)
         if replica is not None:
-            replica.add(tier.rank, req.tokens, req.slots, +1)
+            replica.add(tier.rank, size.tokens, size.slots, +1)
             if any(rank < tier.rank for rank, _ in replica.holds.values()):
                 replica.held_since = now  # let through past a chain of holds: hold again
             if tier.prefill_hold > 0:
@@ -914,7 +919,7 @@ class AdmissionController:
                     replica.held_since = now
                 replica.holds[req.request_id] = (tier.rank, now + tier.prefill_hold)
         self._reservations[req.request_id] = _Reservation(
-            req, tier, now, replica, tier.rank, borrowed
+            req, tier, size, now, replica, tier.rank, borrowed
         )
         if borrowed:
             self._borrowed_by_rank[tier.rank] = self._borrowed_by_rank.get(tier.rank, 0) + 1

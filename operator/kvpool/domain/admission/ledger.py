@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.amount import Amount
 from kvpool.domain.admission.verdicts import AdmissionRequest
 from kvpool.domain.routing import ReplicaLoad
 
@@ -142,6 +143,7 @@ class _Replica:
 class _Reservation:
     request: AdmissionRequest
     tier: _TierState
+    amount: Amount  # what it holds: its whole need inside its floor, else borrow_tokens
     admitted_at: float
     replica: _Replica | None
     rank: int  # rank at admission (replica per-rank accounting)
