@@ -780,7 +780,7 @@ def _held_config(url: str, ttft: float | None) -> AdmissionConfig:
     )
 
 
-async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+async def _seconds_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
     """Seconds until ``predicate`` held (polled on the loop); fails with ``what``."""
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -810,11 +810,13 @@ async def test_interactive_prefill_holds_batch_off_its_replica(
                 "/v1/chat/completions", json=chat(stream=stream, max_tokens=4), headers=ACME
             )
         )
-        await _until(lambda: len(engine.received) == 1, 2.0, "the chat reaches the engine")
+        await _seconds_until(lambda: len(engine.received) == 1, 2.0, "the chat reaches the engine")
         batch_task = asyncio.create_task(
             client.post("/v1/completions", json=completion(max_tokens=2), headers=BULK)
         )
-        waited = await _until(lambda: len(engine.received) == 2, 3.0, "the batch reaches it")
+        waited = await _seconds_until(
+            lambda: len(engine.received) == 2, 3.0, "the batch reaches it"
+        )
         if held == "no":
             assert waited < 0.4, f"batch waited {waited:.2f}s with no hold"
         elif held == "until-target":
@@ -828,3 +830,30 @@ async def test_interactive_prefill_holds_batch_off_its_replica(
         await batch_resp.read()
     finally:
         await engine.stop()
+
+
+async def test_usage_gauges_of_replicas_no_longer_polled_are_dropped(
+    engine: FakeEngine, start_gateway: Start
+) -> None:
+    """kvpool_gateway_engine_kv_usage{pool,replica} follows the replicas the gateway polls:
+    a replica that left the config, and a pool that did, leave no stale series."""
+    engine.metrics_text = _vllm_metrics(0.42, 0)
+    _, gateway = await start_gateway(
+        standard_config([engine.url, engine.url]).obj(), engine_poll_seconds=0.05
+    )
+
+    def usage(replica: str, pool: str = "tiny") -> float | None:
+        return gateway.metrics.registry.get_sample_value(
+            "kvpool_gateway_engine_kv_usage", {"pool": pool, "replica": replica}
+        )
+
+    await _seconds_until(lambda: usage("tiny-1") == 0.42, 3.0, "both replicas are polled")
+    gateway.apply_config(standard_config([engine.url]).obj())
+    await _seconds_until(lambda: usage("tiny-1") is None, 3.0, "tiny-1's gauge is dropped")
+    assert usage("tiny-0") == 0.42
+    gateway.apply_config(standard_config([engine.url]).pool("other", [engine.url]).obj())
+    await _seconds_until(lambda: usage("other-0", "other") == 0.42, 3.0, "the other pool is polled")
+    only_other = ConfigBuilder().tier("interactive", floor=50).tier("batch", floor=30)
+    gateway.apply_config(only_other.pool("other", [engine.url]).obj())
+    await _seconds_until(lambda: usage("tiny-0") is None, 3.0, "the removed pool's gauge goes")
+    assert usage("other-0", "other") == 0.42
