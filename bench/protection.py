@@ -485,7 +485,7 @@ def main() -> int:
     parser.add_argument("--eval-workers", type=int, default=3, help="three tiers: eval workers")
     parser.add_argument(
         "--ttft-sweep",
-        default="50,150,none",
+        default="10,15,25,none",
         help="three tiers: interactive ttftP95Target values (ms, or none) besides the example's",
     )
     args = parser.parse_args()

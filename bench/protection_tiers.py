@@ -14,6 +14,8 @@ Scenarios, each the same seeded load on the same engines, run in ``--rounds`` in
 rounds (shuffled each round; the machine's load drifts and must hit every scenario alike):
 
 - ``chat-alone``: the chat tenant alone, direct (the floor no policy can beat);
+- ``chat-alone-kvpool``: the chat tenant alone through a kvpool gateway (what the proxy
+  hop itself costs, so that the contention kvpool leaves can be told apart from it);
 - ``fcfs``: everyone direct on a second engine with FCFS scheduling;
 - ``priority``: everyone direct, the caller sets vLLM ``priority`` 0/10/20 (the strongest
   alternative: the engine's own priority scheduling);
@@ -356,7 +358,8 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                 name = "kvpool-no-target"
             else:
                 name = f"kvpool-ttft-{target * 1000:g}"
-            plan.append((name, ("gateway", prio, target)))
+            plan.append((name, ("gateway", prio, target, False)))
+        plan.insert(1, ("chat-alone-kvpool", ("gateway", prio, EXAMPLE_TTFT_TARGET, True)))
         tallies: dict[str, RunTally] = {name: RunTally() for name, _ in plan}
         order = list(plan)
         shuffle = random.Random(args.seed)
@@ -378,7 +381,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                         seconds=seconds,
                     )
                 else:
-                    _, engine, target = how
+                    _, engine, target, chat_only = how
                     config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
                     gateway = GatewayProcess(
                         config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
@@ -388,7 +391,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                         tally = await run_scenario(
                             engine,
                             gateway.url,
-                            chat_only=False,
+                            chat_only=chat_only,
                             priorities=False,
                             args=args,
                             seconds=seconds,
@@ -416,12 +419,14 @@ def compare(scenarios: dict[str, Any]) -> dict[str, Any]:
         return None if a is None or not b else round(a / b, 3)
 
     ttft_alone = ratio(kv["chat_ttft_p95_ms"], alone["chat_ttft_p95_ms"])
+    via_gateway = scenarios.get("chat-alone-kvpool", {}).get("chat_ttft_p95_ms")
     ttft_prio = ratio(kv["chat_ttft_p95_ms"], prio["chat_ttft_p95_ms"])
     throughput = ratio(kv["total_tokens_per_s"], prio["total_tokens_per_s"])
     preempt = ratio(kv["preemptions"], prio["preemptions"]) if prio["preemptions"] else None
     shares = {t: kv[f"{t}_share"] for t in ("batch", "eval")}
     return {
         "kvpool_chat_p95_over_alone": ttft_alone,
+        "kvpool_chat_p95_over_alone_through_kvpool": ratio(kv["chat_ttft_p95_ms"], via_gateway),
         "kvpool_chat_p95_over_priority": ttft_prio,
         "kvpool_total_tokens_over_priority": throughput,
         "kvpool_preemptions_over_priority": preempt,
@@ -478,6 +483,9 @@ def draw(scenarios: dict[str, Any], path: Path) -> Path | None:
     if alone:
         ax.axhline(alone, linestyle=":", color="grey", label="chat alone")
         ax.axhline(1.5 * alone, linestyle="--", color="grey", label="1.5x alone")
+    via = scenarios.get("chat-alone-kvpool", {}).get("chat_ttft_p95_ms")
+    if via:
+        ax.axhline(via, linestyle="-.", color="tab:blue", label="chat alone via kvpool")
     ax.set_xlabel("batch output tokens/s")
     ax.set_ylabel("interactive p95 TTFT (ms)")
     ax.set_yscale("log")
