@@ -467,13 +467,13 @@ def draw(scenarios: dict[str, Any], path: Path) -> Path | None:
         "o",
         label="kvpool (ttftP95Target sweep)",
     )
-    for row in sweep:
+    for index, row in enumerate(sweep):
         target = row.get("ttft_target_ms")
         ax.annotate(
             "no target" if target is None else f"{target:g} ms",
             (row["batch_tokens_per_s"], row["chat_ttft_p95_ms"]),
             textcoords="offset points",
-            xytext=(4, 4),
+            xytext=(4, 6 if index % 2 else -12),  # alternate: neighbours do not overlap
             fontsize=8,
         )
     for name, marker in (("priority", "s"), ("fcfs", "^")):
