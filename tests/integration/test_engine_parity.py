@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
 
 pytestmark = [pytest.mark.engine]
@@ -53,7 +53,7 @@ async def gateway(
     engine: VllmEngine, tiny_tokenizer_json: Path
 ) -> AsyncIterator[tuple[TestClient[Any, Any], Gateway]]:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=60.0)
         .tier("batch", floor=30, wait=60.0)
         .rule("interactive", path_prefix="/v1/chat")
@@ -222,7 +222,7 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     engine: VllmEngine, tiny_tokenizer_json: Path
 ) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=60.0, ttft=0.5)
         .tier("batch", floor=30, wait=60.0)
         .rule("interactive", path_prefix="/v1/chat")

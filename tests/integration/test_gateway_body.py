@@ -21,7 +21,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayProcess
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MIB = 1024 * 1024
@@ -69,7 +70,7 @@ async def test_healthz_answers_while_four_maximum_bodies_are_processed(
     a worker thread, found longer than any prompt of 131,072 tokens without being
     tokenized, and rejected by the estimate (400)."""
     engine = await FakeEngine().start()
-    path = standard_config(
+    path = standard_admission_config(
         [engine.url], max_model_len=max_model_len, tokenizer_path=tiny_tokenizer_json
     ).write(tmp_path / "config.json")
     proc = GatewayProcess(path, tmp_path / "gateway.log", extra_args=("--no-access-log",))

@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.gateway_builders import ConfigBuilder, FakeEngine, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
+from tests.support.gateway import FakeEngine, GatewayProcess
 from tests.support.redis_server import RedisFactory
 
 pytestmark = [pytest.mark.redis]
@@ -37,9 +38,9 @@ async def engine() -> AsyncIterator[FakeEngine]:
         await fake.stop()
 
 
-def namespace_config(namespace: str, engine: FakeEngine, limit: int) -> ConfigBuilder:
+def namespace_config(namespace: str, engine: FakeEngine, limit: int) -> AdmissionConfigBuilder:
     return (
-        ConfigBuilder(namespace=namespace)
+        AdmissionConfigBuilder(namespace=namespace)
         .tier("batch", floor=80, wait=5.0)
         .pool("tiny", [engine.url], slots_per_replica=256, tokens_per_replica=1_000_000)
         .tenant("shared", key="sk-shared", tiers=["batch"], limits=[(60, limit)])

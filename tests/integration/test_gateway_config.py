@@ -20,7 +20,8 @@ from kvpool.adapters.config_source import (
     fetch_config_file,
 )
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
-from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayProcess
 from tests.support.kube import KubeApi
 
 
@@ -47,14 +48,14 @@ def test_a_config_that_breaks_the_contract_is_refused(
 
 
 async def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: Path) -> None:
-    path = standard_config(["http://127.0.0.1:1"]).write(tmp_path / "config.json")
+    path = standard_admission_config(["http://127.0.0.1:1"]).write(tmp_path / "config.json")
     source = FileConfigSource(path, interval=0.02)
     assert source.load().tenants[0].tenant == "acme"
     configs: asyncio.Queue[AdmissionConfig] = asyncio.Queue()
     errors: list[str] = []
     watcher = asyncio.create_task(source.watch(configs.put_nowait, errors.append))
     try:
-        changed = standard_config(["http://127.0.0.1:1"])
+        changed = standard_admission_config(["http://127.0.0.1:1"])
         changed.tenant("newcomer", key="sk-new", tiers=["batch"])
         changed.write(path)
         assert len((await _next_config(configs)).tenants) == 3
@@ -67,7 +68,7 @@ async def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: P
         assert errors and configs.empty()
 
         # a ConfigMap volume update: a new file swapped in by a symlink rename
-        target = standard_config(["http://127.0.0.1:2"]).write(tmp_path / "v2.json")
+        target = standard_admission_config(["http://127.0.0.1:2"]).write(tmp_path / "v2.json")
         link = tmp_path / "link.tmp"
         link.symlink_to(target)
         os.replace(link, path)
@@ -79,7 +80,7 @@ async def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: P
 
 async def test_configmap_source_follows_the_operator_configmap(kube_api: KubeApi) -> None:
     path = "/api/v1/namespaces/default/configmaps"
-    first = standard_config(["http://127.0.0.1:1"]).obj()
+    first = standard_admission_config(["http://127.0.0.1:1"]).obj()
     kube_api.client.create(
         path,
         {"metadata": {"name": CONFIGMAP_NAME}, "data": {CONFIGMAP_KEY: first.to_json()}},
@@ -92,7 +93,7 @@ async def test_configmap_source_follows_the_operator_configmap(kube_api: KubeApi
     try:
         await asyncio.sleep(0.2)
         assert configs.empty()  # same resourceVersion: nothing delivered
-        second = standard_config(["http://127.0.0.1:1"])
+        second = standard_admission_config(["http://127.0.0.1:1"])
         second.tenant("newcomer", key="sk-new", tiers=["batch"])
         kube_api.client.patch(
             f"{path}/{CONFIGMAP_NAME}", {"data": {CONFIGMAP_KEY: second.obj().to_json()}}
@@ -114,7 +115,7 @@ async def test_running_gateway_process_reloads_without_dropping_requests(
     """Given a `kvpool gateway` process serving a slow request, when its config file gains a
     tenant, then the slow request completes and the new tenant is served."""
     engine = await FakeEngine(delay=1.5).start()
-    config_path = standard_config([engine.url]).write(tmp_path / "config.json")
+    config_path = standard_admission_config([engine.url]).write(tmp_path / "config.json")
     gateway = GatewayProcess(
         config_path, tmp_path / "gateway.log", extra_args=("--reload-interval", "0.1")
     )
@@ -130,7 +131,7 @@ async def test_running_gateway_process_reloads_without_dropping_requests(
                 )
             )
             await asyncio.sleep(0.3)
-            changed = standard_config([engine.url])
+            changed = standard_admission_config([engine.url])
             changed.tenant("newcomer", key="sk-new", tiers=["batch"])
             changed.write(config_path)
             engine.delay = 0.0

@@ -39,8 +39,9 @@ from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.gateway import GatewayProcess
 from tests.support.redis_server import RedisFactory
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -68,10 +69,10 @@ def engine_config(
     *,
     limits: list[tuple[float, int]] | None = None,
     wait: float = 30.0,
-) -> ConfigBuilder:
+) -> AdmissionConfigBuilder:
     """interactive (chat, 50 %) and batch (completions, 30 %) over the real engine."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=wait)
         .tier("batch", floor=30, wait=wait)
         .rule("interactive", path_prefix="/v1/chat")

@@ -25,8 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool.adapters.budget import RedisBudgetStore, budget_subject
-from tests.gateway_builders import ConfigBuilder, FakeEngine, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.gateway import FakeEngine, GatewayProcess
 from tests.support.redis_server import RedisFactory
 
 pytestmark = [pytest.mark.engine]
@@ -48,10 +49,10 @@ def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
 
 def config(
     endpoints: list[str], tokenizer: Path, *, limits: list[tuple[float, int]] | None = None
-) -> ConfigBuilder:
+) -> AdmissionConfigBuilder:
     """One tier over the given engines; tenant acme."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=80, wait=30.0)
         .pool(
             "tiny",

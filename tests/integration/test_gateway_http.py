@@ -24,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayProcess
 
 
 @pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[GatewayProcess]:
     engine = await FakeEngine().start()
-    path = standard_config([engine.url]).write(tmp_path / "config.json")
+    path = standard_admission_config([engine.url]).write(tmp_path / "config.json")
     proc = GatewayProcess(path, tmp_path / "gateway.log", extra_args=("--body-timeout", "2"))
     try:
         await asyncio.to_thread(proc.start)

@@ -30,7 +30,8 @@ from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
+from tests.builders import AdmissionConfigBuilder, standard_admission_config
+from tests.support.gateway import FakeEngine
 
 ACME = {"Authorization": "Bearer sk-acme"}
 BULK = {"Authorization": "Bearer sk-bulk"}
@@ -79,8 +80,8 @@ def completion(prompt: Any = "hello", **extra: Any) -> dict[str, Any]:
     return {"model": "tiny", "prompt": prompt, **extra}
 
 
-def _forbidden_config(url: str) -> ConfigBuilder:
-    return standard_config([url]).tenant("chatonly", key="sk-chat", tiers=["interactive"])
+def _forbidden_config(url: str) -> AdmissionConfigBuilder:
+    return standard_admission_config([url]).tenant("chatonly", key="sk-chat", tiers=["interactive"])
 
 
 REJECTIONS = {
@@ -166,7 +167,7 @@ async def test_rejections_are_clear_json_errors(
 async def test_missing_and_unknown_keys_get_the_same_answer(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     missing = await client.post("/v1/completions", json=completion())
     unknown = await client.post(
         "/v1/completions", json=completion(), headers={"Authorization": "Bearer sk-x"}
@@ -175,7 +176,9 @@ async def test_missing_and_unknown_keys_get_the_same_answer(
 
 
 async def test_oversized_body_is_413(engine: FakeEngine, start_gateway: Start) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj(), max_body_bytes=1000)
+    client, _ = await start_gateway(
+        standard_admission_config([engine.url]).obj(), max_body_bytes=1000
+    )
     resp = await client.post("/v1/completions", json=completion("x" * 5000), headers=ACME)
     assert resp.status == 413
     assert (await resp.json())["error"]["code"] == "body_too_large"
@@ -184,7 +187,7 @@ async def test_oversized_body_is_413(engine: FakeEngine, start_gateway: Start) -
 async def test_caller_priority_is_stripped_and_the_tier_sets_it(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     headers = {**BULK, "X-Priority": "0", "Priority": "u=0", "X-Request-Priority": "high"}
     resp = await client.post(
         "/v1/completions", json=completion(priority=-1000, max_tokens=3), headers=headers
@@ -257,7 +260,7 @@ async def test_the_engine_rules_serve_and_bound_the_output(
     field_name: str,
     expected: int | str | None,
 ) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await start_gateway(standard_admission_config([engine.url]).obj())
     resp = await client.post(path, json=body, headers=ACME)
     assert resp.status == 200, await resp.text()
     sent = engine.received[0]
@@ -275,7 +278,7 @@ async def test_budget_is_charged_the_engine_bound_without_max_tokens(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
     """Issue 9.1: omitting max_tokens must not shrink the charge below what may be generated."""
-    config = standard_config([engine.url]).tenant(
+    config = standard_admission_config([engine.url]).tenant(
         "capped", key="sk-capped", tiers=["batch"], limits=[(60, 300)]
     )
     client, _ = await start_gateway(config.obj())
@@ -296,7 +299,7 @@ async def test_upstream_body_is_json_whatever_the_caller_declared(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
     """``curl -d`` declares a form body; the engine must still be told it gets JSON."""
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     form_typed = {**ACME, "Content-Type": "application/x-www-form-urlencoded"}
 
     resp = await client.post(
@@ -323,7 +326,7 @@ async def test_tier_comes_from_path_and_tenant(
     headers: dict[str, str],
     tier_priority: int,
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     body = chat(max_tokens=2) if path.endswith("chat/completions") else completion(max_tokens=2)
     resp = await client.post(path, json=body, headers=headers)
     assert resp.status == 200, await resp.text()
@@ -334,7 +337,7 @@ async def test_tier_comes_from_path_and_tenant(
 async def test_stream_usage_chunk_only_when_asked(
     engine: FakeEngine, start_gateway: Start, caller_wants_usage: bool
 ) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await start_gateway(standard_admission_config([engine.url]).obj())
     body = completion(max_tokens=5, stream=True)
     if caller_wants_usage:
         body["stream_options"] = {"include_usage": True}
@@ -354,7 +357,7 @@ async def test_budget_charged_at_admission_rejects_with_retry_after(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=50)
         .pool("tiny", [engine.url])
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 100)])
@@ -377,7 +380,7 @@ async def test_over_budget_demotes_to_the_next_tier(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50)
         .tier("batch", floor=30)
         .rule("interactive", path_prefix="/v1/completions")
@@ -405,7 +408,7 @@ async def test_over_budget_demotes_to_the_next_tier(
 
 async def test_engine_down_is_503_and_everything_is_released(start_gateway: Start) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=50)
         .pool("tiny", ["http://127.0.0.1:9"])  # discard port: nothing listens
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
@@ -434,7 +437,7 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
 
 async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:
     engine.status = 500
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     resp = await client.post("/v1/completions", json=completion(), headers=ACME)
     assert resp.status == 502
     assert "engine says no" in (await resp.json())["error"]["message"]
@@ -444,7 +447,7 @@ async def test_client_disconnect_cancels_upstream_and_releases(
     engine: FakeEngine, start_gateway: Start
 ) -> None:
     engine.chunk_delay = 0.05
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await start_gateway(standard_admission_config([engine.url]).obj())
     resp = await client.post(
         "/v1/completions", json=completion(max_tokens=200, stream=True), headers=ACME
     )
@@ -462,12 +465,12 @@ async def test_client_disconnect_cancels_upstream_and_releases(
 
 async def test_reload_keeps_in_flight_requests(engine: FakeEngine, start_gateway: Start) -> None:
     engine.delay = 0.3
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await start_gateway(standard_admission_config([engine.url]).obj())
     pending = asyncio.ensure_future(
         client.post("/v1/completions", json=completion(max_tokens=3), headers=ACME)
     )
     await asyncio.sleep(0.1)
-    new = standard_config([engine.url], tokens_per_replica=4096)
+    new = standard_admission_config([engine.url], tokens_per_replica=4096)
     new.tenant("newcomer", key="sk-new", tiers=["batch"])
     gateway.apply_config(new.obj())
     resp = await pending
@@ -480,7 +483,7 @@ async def test_reload_keeps_in_flight_requests(engine: FakeEngine, start_gateway
 
 
 async def test_models_health_and_metrics(engine: FakeEngine, start_gateway: Start) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await start_gateway(standard_admission_config([engine.url]).obj())
     models = await (await client.get("/v1/models", headers=ACME)).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
     assert (await client.get("/v1/models")).status == 401
@@ -504,7 +507,7 @@ async def test_queue_wait_beyond_the_tier_promise_is_rejected_at_once(
     """One slot, a slow engine: later requests queue, and time out at maxQueueWait (503)."""
     engine.delay = 1.0
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=100, wait=0.2)
         .pool("tiny", [engine.url], slots_per_replica=1)
         .tenant("acme", key="sk-acme", tiers=["batch"])
@@ -530,7 +533,7 @@ async def test_plan_share_splits_the_plan_between_gateway_replicas(
     """Two gateways at 50% each admit, together, no more than the plan: 2 slots -> 1 each."""
     engine.delay = 1.0
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=100, wait=0.2)
         .pool("tiny", [engine.url], slots_per_replica=2)
         .tenant("acme", key="sk-acme", tiers=["batch"])
@@ -549,7 +552,7 @@ async def test_plan_share_splits_the_plan_between_gateway_replicas(
 
 
 async def test_session_pool_reuses_connections(engine: FakeEngine, start_gateway: Start) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await start_gateway(standard_admission_config([engine.url]).obj())
     for _ in range(5):
         assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
     assert gateway._session is not None
@@ -626,7 +629,7 @@ async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
     wins: interactive declares budgetUnavailable Reject (503 + Retry-After), batch declares
     Allow (served from the local allowance); the fallback metric counts exactly that."""
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, budget_unavailable="Reject")
         .tier("batch", floor=30, budget_unavailable="Allow")
         .rule("interactive", path_prefix="/v1/chat")
@@ -699,7 +702,7 @@ async def test_engines_near_full_pause_borrowing_and_preemptions_back_off(
     engine.delay = 0.3
     engine.metrics_text = _vllm_metrics(0.5, 0)
     client, gateway = await start_gateway(
-        standard_config([engine.url]).obj(), engine_poll_seconds=0.05
+        standard_admission_config([engine.url]).obj(), engine_poll_seconds=0.05
     )
     assert await _until(
         lambda: _ok(_metric(client, "kvpool_gateway_overcommit_ratio", tier="batch"), below=1.0)
@@ -741,7 +744,7 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
     """Issue 8.4: streamed TTFT above the interactive target lowers the lent limit."""
     engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=5.0, ttft=0.01)
         .tier("batch", floor=30, wait=5.0)
         .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})

@@ -24,7 +24,11 @@ import pytest
 from kopf.testing import KopfRunner
 
 from kvpool.api import API_VERSION
-from tests.operator_builders import declared_pool, make_budget, standard_policy
+from tests.builders import (
+    declared_modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
 from tests.support.kube import JSON_PATCH, MERGE_PATCH, KubeApi, load_crds, resource_path
 from tests.support.kube_emulator import kopf_peering_crds
 
@@ -55,16 +59,18 @@ def build_pool(
         meta["labels"] = labels
     if finalizers:
         meta["finalizers"] = finalizers
-    spec = declared_pool().dict()["spec"]  # valid: the emulator enforces the CRD schema
+    spec = declared_modelpool_manifest().dict()[
+        "spec"
+    ]  # valid: the emulator enforces the CRD schema
     spec["model"]["name"] = model
     return {"apiVersion": API_VERSION, "kind": "ModelPool", "metadata": meta,
             "spec": spec, **extra}  # fmt: skip
 
 
 VALID_SPECS = {
-    "ModelPool": lambda: declared_pool().dict()["spec"],
-    "TierPolicy": lambda: standard_policy().dict()["spec"],
-    "TenantBudget": lambda: make_budget("acme").dict()["spec"],
+    "ModelPool": lambda: declared_modelpool_manifest().dict()["spec"],
+    "TierPolicy": lambda: standard_tierpolicy_manifest().dict()["spec"],
+    "TenantBudget": lambda: tenantbudget_manifest("acme").dict()["spec"],
 }
 
 

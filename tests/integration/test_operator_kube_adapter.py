@@ -11,7 +11,7 @@ import pytest
 from kvpool.adapters import kube
 from kvpool.controller.leader import LeaderElector
 from kvpool.domain import manifests as m
-from tests.operator_builders import make_pool, served_pool
+from tests.builders import modelpool_manifest, served_modelpool
 from tests.support.kube import KubeApi
 
 
@@ -26,7 +26,7 @@ async def client(kube_api: KubeApi) -> AsyncIterator[kube.KubeClient]:
 
 def _deployment(replicas: int = 2, **engine: Any) -> dict[str, Any]:
     return m.build_deployment(
-        served_pool(make_pool("chat").engine(**engine)), "rev1", replicas, "stable"
+        served_modelpool(modelpool_manifest("chat").engine(**engine)), "rev1", replicas, "stable"
     )
 
 
@@ -62,7 +62,7 @@ async def test_a_conflict_on_create_becomes_an_update(
     kube_api.emulator["get", kmock.resource("", "v1", "services")][:1] << 404
 
     service, action = await kube.apply_service(
-        client, m.build_service(served_pool(make_pool("chat")), "stable")
+        client, m.build_service(served_modelpool(modelpool_manifest("chat")), "stable")
     )
 
     assert action == "updated"
@@ -93,7 +93,10 @@ async def test_a_client_error_is_raised_not_retried(
 
 
 async def test_cleanup_deletes_only_the_pools_children(client: kube.KubeClient) -> None:
-    pool, other = served_pool(make_pool("chat")), served_pool(make_pool("other"))
+    pool, other = (
+        served_modelpool(modelpool_manifest("chat")),
+        served_modelpool(modelpool_manifest("other")),
+    )
     for p in (pool, other):
         await kube.apply_deployment(client, m.build_deployment(p, "r", 1, "stable"))
         await kube.apply_service(client, m.build_service(p, "stable"))

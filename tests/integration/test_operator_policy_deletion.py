@@ -16,7 +16,6 @@ from typing import Any
 
 import aiohttp
 
-from tests.gateway_builders import FakeEngine, GatewayProcess
 from tests.integration.test_operator import (
     API_KEY,
     admission_config,
@@ -27,6 +26,7 @@ from tests.integration.test_operator import (
     tp,
 )
 from tests.operator_process import OperatorProcess, wait_until
+from tests.support.gateway import FakeEngine, GatewayProcess
 from tests.support.kube import KubeApi
 
 FINALIZER = "kvpool.dev/in-use"

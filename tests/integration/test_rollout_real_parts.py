@@ -34,10 +34,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.builders import make_policy
+from tests.builders import (
+    apikey_secret_manifest,
+    modelpool_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 from tests.integration.test_operator import admission_config, core, mp, names, status, tb, tp
 from tests.integration.test_operator_rollout import kubectl_kvpool
-from tests.operator_builders import make_budget, make_pool, make_secret
 from tests.operator_process import REPO, run_operator, wait_until
 from tests.support.engine import VllmEngine
 from tests.support.kube import KubeApi
@@ -53,19 +57,20 @@ MEASUREMENT_INTERVAL = 15.0  # the operator's default --measure-interval
 
 def given_policy_tenant_and_pool(kube: KubeApi, stable_url: str, rollout: dict[str, Any]) -> None:
     """interactive (Host chat.local) 50% / batch (everything else) 40%, a tenant, a pool."""
-    kube.client.create(core("secrets"), make_secret("acme-key", "api-key", API_KEY))
+    kube.client.create(core("secrets"), apikey_secret_manifest("acme-key", "api-key", API_KEY))
     kube.client.create(
-        tb(), make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000_000).dict()
+        tb(),
+        tenantbudget_manifest("acme").tiers("interactive", "batch").limit("1h", 10_000_000).dict(),
     )
     policy = (
-        make_policy()
+        tierpolicy_manifest()
         .tier("interactive", floor=50, lend=100, max_wait="20s")
         .tier("batch", floor=40, lend=50, max_wait="60s")
         .rule("interactive", host="chat.local")
     )
     kube.client.create(tp(), policy.dict())
     pool = (
-        make_pool("chat")
+        modelpool_manifest("chat")
         .lengths((50, 100), (16, 32))
         .engine(maxNumSeqs=8, maxModelLen=512)
         .replicas(1, 1)

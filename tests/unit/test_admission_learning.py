@@ -11,7 +11,7 @@ from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
 from kvpool.domain.admission.limiter import LentLimiter
 from kvpool.domain.estimate import Estimate
-from tests.support.admission_builders import PoolBuilder, Requests
+from tests.builders import AdmissionRequests, CompiledPoolBuilder
 
 
 @pytest.mark.parametrize(
@@ -82,10 +82,10 @@ def test_lent_limiter_aimd(batches: list[float], limits: list[int]) -> None:
     assert seen == limits
 
 
-def _pool() -> PoolBuilder:
+def _pool() -> CompiledPoolBuilder:
     """hi 400/4 (never lends), lo 200/2; shared 400/4: lo borrows only the shared part."""
     return (
-        PoolBuilder()
+        CompiledPoolBuilder()
         .capacity(1000, 10)
         .tier("hi", 400, 4, lend_tokens=0, lend_slots=0)
         .tier("lo", 200, 2)
@@ -94,7 +94,7 @@ def _pool() -> PoolBuilder:
 
 def test_lent_limit_holds_borrowers_but_never_a_floor() -> None:
     builder = _pool()
-    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), AdmissionRequests()
     ctl.set_lent_limit("hi", 1, 0.0)
     own = [reqs.make("lo", 100) for _ in range(2)]
     assert all(ctl.offer(r, 0.0).outcome == "admitted" for r in own)  # its floor
@@ -114,7 +114,7 @@ def test_lent_limit_holds_borrowers_but_never_a_floor() -> None:
 
 def test_paused_borrowing_resumes_with_wakeups() -> None:
     builder = _pool()
-    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), AdmissionRequests()
     ctl.set_borrowing_paused(True, 0.0)
     inside = reqs.make("lo", 200, 2)
     assert isinstance(ctl.offer(inside, 0.0), Admit)
