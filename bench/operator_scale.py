@@ -164,7 +164,8 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dict[str, Any]:
-    from tests.operator_process import OperatorProcess, wait_until
+    from tests.operator_process import OperatorProcess
+    from tests.support.waiting import wait_until
     from tests.support.kube import resource_path, start_kube_api
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))

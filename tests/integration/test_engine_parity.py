@@ -17,19 +17,17 @@ lets the lower tier's ratio creep below 1 while the engine reports no preemption
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
-from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.gateway import GatewayClientFactory
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.engine]
 
@@ -48,13 +46,13 @@ def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
     )
 
 
-@pytest.fixture
-async def gateway(
-    engine: VllmEngine, tiny_tokenizer_json: Path
-) -> AsyncIterator[tuple[TestClient[Any, Any], Gateway]]:
-    config = (
+def parity_config(
+    engine: VllmEngine, tokenizer: Path, ttft: float | None = None
+) -> AdmissionConfigBuilder:
+    """interactive (chat, 50 %; TTFT target ``ttft``) and batch (30 %) over the engine."""
+    return (
         AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=60.0)
+        .tier("interactive", floor=50, wait=60.0, ttft=ttft)
         .tier("batch", floor=30, wait=60.0)
         .rule("interactive", path_prefix="/v1/chat")
         .pool(
@@ -63,18 +61,10 @@ async def gateway(
             tokens_per_replica=2048,
             slots_per_replica=8,
             max_model_len=MAX_MODEL_LEN,
-            tokenizer_path=tiny_tokenizer_json,
+            tokenizer_path=tokenizer,
         )
         .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
-        .obj()
     )
-    gw = Gateway(config, InMemoryBudgetStore(), settings=GatewaySettings(access_log=False))
-    client = TestClient(TestServer(gw.app()))
-    await client.start_server()
-    try:
-        yield client, gw
-    finally:
-        await client.close()
 
 
 def _ids(count: int, start: int = 10) -> list[int]:
@@ -160,11 +150,12 @@ def _status_class(status: int) -> int | str:
 @pytest.mark.parametrize(("path", "body"), list(SHAPES.values()), ids=list(SHAPES))
 async def test_gateway_answers_like_the_engine(
     engine: VllmEngine,
-    gateway: tuple[TestClient[Any, Any], Gateway],
+    tiny_tokenizer_json: Path,
+    gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
-    client, gw = gateway
+    client, gw = await gateway_client(parity_config(engine, tiny_tokenizer_json))
     async with aiohttp.ClientSession() as session:
         direct_status, direct_text = await _post(session, engine.base_url + path, body)
     resp = await client.post(path, json=body, headers=ACME)
@@ -202,7 +193,7 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngi
             load = await fetch_engine_load(session, engine.base_url)
             assert load is not None
             busiest = max(busiest, load.kv_usage)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # sampling the real engine while it runs: a measurement
         status, _ = await running
         gone = await fetch_engine_load(session, "http://127.0.0.1:1")
         async with session.get(engine.metrics_url) as resp:
@@ -219,69 +210,52 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngi
 
 @pytest.mark.timeout(240)
 async def test_gateway_learns_outputs_measures_ttft_and_adapts(
-    engine: VllmEngine, tiny_tokenizer_json: Path
+    engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
-    config = (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=60.0, ttft=0.5)
-        .tier("batch", floor=30, wait=60.0)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=MAX_MODEL_LEN,
-            tokenizer_path=tiny_tokenizer_json,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
-        .obj()
-    )
-    gw = Gateway(
-        config,
-        InMemoryBudgetStore(),
-        settings=GatewaySettings(access_log=False, engine_poll_seconds=0.05),
-    )
-    client = TestClient(TestServer(gw.app()))
-    await client.start_server()
-    try:
-        for _ in range(20):  # the top tier's TTFT samples (streamed chats)
-            resp = await client.post(
-                "/v1/chat/completions",
-                json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
-                headers=ACME,
-            )
-            assert resp.status == 200
-            await resp.read()
-        for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
-            resp = await client.post(
-                "/v1/completions",
-                json=_completion("hello there", max_tokens=8, ignore_eos=True),
-                headers=ACME,
-            )
-            assert resp.status == 200
-            await resp.read()
-        unbounded = {"stop": ["."], "temperature": 0}
-        before = gw.metrics.render().decode()
-        resp = await client.post(
-            "/v1/completions",
-            json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **unbounded),
-            headers=ACME,
-        )
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-        middle = gw.metrics.render().decode()
+    config = parity_config(engine, tiny_tokenizer_json, ttft=0.5)
+    client, gw = await gateway_client(config, engine_poll_seconds=0.05)
+    for _ in range(20):  # the top tier's TTFT samples (streamed chats)
         resp = await client.post(
             "/v1/chat/completions",
-            json=_chat(max_completion_tokens=MAX_MODEL_LEN, **unbounded),
+            json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
             headers=ACME,
         )
-        assert resp.status == 200, await resp.text()
+        assert resp.status == 200
         await resp.read()
-        await asyncio.sleep(1.0)  # >= 20 quiet polls
-        after = gw.metrics.render().decode()
-    finally:
-        await client.close()
+    for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
+        resp = await client.post(
+            "/v1/completions",
+            json=_completion("hello there", max_tokens=8, ignore_eos=True),
+            headers=ACME,
+        )
+        assert resp.status == 200
+        await resp.read()
+    unbounded = {"stop": ["."], "temperature": 0}
+    before = gw.metrics.render().decode()
+    resp = await client.post(
+        "/v1/completions",
+        json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **unbounded),
+        headers=ACME,
+    )
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    middle = gw.metrics.render().decode()
+    resp = await client.post(
+        "/v1/chat/completions",
+        json=_chat(max_completion_tokens=MAX_MODEL_LEN, **unbounded),
+        headers=ACME,
+    )
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    await wait_until_async(  # the engine is quiet: each poll lets the ratio creep down
+        lambda: (
+            _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
+            < 1.0
+        ),
+        10,
+        "the batch overcommit ratio creeping down over quiet engine polls",
+    )
+    after = gw.metrics.render().decode()
 
     def delta(name: str, start: str, end: str) -> float:
         return _sample(end, name) - _sample(start, name)

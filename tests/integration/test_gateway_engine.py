@@ -20,36 +20,29 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from kvpool.adapters.budget import (
-    BudgetStore,
     FailoverBudgetStore,
     FailoverPolicy,
-    InMemoryBudgetStore,
     RedisBudgetStore,
 )
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
-from tests.support.gateway import GatewayProcess
+from tests.support.gateway import GatewayClientFactory, GatewayProcesses
 from tests.support.redis_server import RedisFactory
+from tests.support.waiting import ManualClock
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
 ACME = {"Authorization": "Bearer sk-acme"}
 KV_BYTES = 2 * 1024 * 1024
-
-Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
 
 
 @pytest.fixture(scope="module")
@@ -87,31 +80,6 @@ def engine_config(
         )
         .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=limits)
     )
-
-
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[Start]:
-    clients: list[TestClient[Any, Any]] = []
-
-    async def start(
-        config: AdmissionConfig, store: BudgetStore | None = None, **kwargs: Any
-    ) -> tuple[TestClient[Any, Any], Gateway]:
-        gateway = Gateway(
-            config,
-            store or InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
-            **kwargs,
-        )
-        client = TestClient(TestServer(gateway.app()))
-        await client.start_server()
-        clients.append(client)
-        return client, gateway
-
-    try:
-        yield start
-    finally:
-        for client in clients:
-            await client.close()
 
 
 def completion(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
@@ -156,12 +124,12 @@ def test_tokenizer_counts_prompts_like_the_engine(
 async def test_end_to_end_non_streaming_settles_the_real_usage(
     engine: VllmEngine,
     tiny_tokenizer_json: Path,
-    start_gateway: Start,
+    gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
     config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
-    client, gateway = await start_gateway(config)
+    client, gateway = await gateway_client(config)
     resp = await client.post(path, json={**body, "priority": -5}, headers=ACME)
     assert resp.status == 200, await resp.text()
     usage = (await resp.json())["usage"]
@@ -176,10 +144,13 @@ async def test_end_to_end_non_streaming_settles_the_real_usage(
 
 @pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["plain", "include-usage"])
 async def test_end_to_end_streaming(
-    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start, caller_wants_usage: bool
+    engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    gateway_client: GatewayClientFactory,
+    caller_wants_usage: bool,
 ) -> None:
     config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
-    client, gateway = await start_gateway(config)
+    client, gateway = await gateway_client(config)
     body = chat(max_tokens=12, stream=True, ignore_eos=True)
     if caller_wants_usage:
         body["stream_options"] = {"include_usage": True}
@@ -205,39 +176,26 @@ async def test_budget_across_two_gateway_processes_sharing_redis(
     engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
-    tmp_path: Path,
+    gateway_process: GatewayProcesses,
 ) -> None:
     """Given a 600-token budget, when 24 requests of ~44 tokens hit two gateways at once,
     then what is served overshoots the budget by at most one reservation."""
     limit, max_tokens = 600, 40
     redis = redis_server()
-    config_path = engine_config(engine, tiny_tokenizer_json, limits=[(60, limit)]).write(
-        tmp_path / "config.json"
-    )
+    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, limit)])
     gateways = [
-        GatewayProcess(
-            config_path,
-            tmp_path / f"gateway-{i}.log",
-            redis_url=redis.url,
-            extra_args=("--redis-timeout", "1.0"),
-        )
-        for i in range(2)
+        gateway_process(config, redis_url=redis.url, extra_args=("--redis-timeout", "1.0"))
+        for _ in range(2)
     ]
-    try:
-        for gateway in gateways:
-            gateway.start()
-        async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session:
 
-            async def send(i: int) -> tuple[int, dict[str, Any]]:
-                url = f"{gateways[i % 2].url}/v1/completions"
-                body = completion(max_tokens=max_tokens, ignore_eos=True)
-                async with session.post(url, json=body, headers=ACME) as resp:
-                    return resp.status, await resp.json()
+        async def send(i: int) -> tuple[int, dict[str, Any]]:
+            url = f"{gateways[i % 2].url}/v1/completions"
+            body = completion(max_tokens=max_tokens, ignore_eos=True)
+            async with session.post(url, json=body, headers=ACME) as resp:
+                return resp.status, await resp.json()
 
-            results = await asyncio.gather(*(send(i) for i in range(24)))
-    finally:
-        for gateway in gateways:
-            gateway.stop()
+        results = await asyncio.gather(*(send(i) for i in range(24)))
     served = [body["usage"] for status, body in results if status == 200]
     statuses = sorted(status for status, _ in results)
     assert set(statuses) <= {200, 429}, statuses
@@ -253,18 +211,20 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
     engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
-    start_gateway: Start,
+    gateway_client: GatewayClientFactory,
 ) -> None:
     redis = redis_server()
     metrics = GatewayMetrics()
+    breaker_clock = ManualClock()  # the breaker stays open until the test moves it on
     store = FailoverBudgetStore(
         RedisBudgetStore(redis.url, timeout=0.05),
         FailoverPolicy(fail_closed_tiers=frozenset({"batch"}), failure_threshold=1),
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
+        clock=breaker_clock,
     )
     config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
-    client, _ = await start_gateway(config, store, metrics=metrics)
+    client, _ = await gateway_client(config, store, metrics=metrics)
     assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
 
     redis.kill()
@@ -284,7 +244,7 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
     assert 'result="local",tier="batch"' not in text  # a fail-closed tier never counts local
 
     redis.start()  # same port, empty data
-    await asyncio.sleep(1.2)  # the breaker's retry interval
+    breaker_clock.advance(store.policy.open_seconds)  # the breaker's retry interval passes
     again = await client.post("/v1/completions", json=completion(), headers=ACME)
     assert again.status == 200
     used = await store.usage("default/acme", config.tenants[0].limits, time.time())
@@ -292,11 +252,11 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
 
 
 async def test_engine_killed_gives_clear_errors_and_releases_everything(
-    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start
+    engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
     """Runs last in the module: it kills the shared engine."""
     config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
-    client, gateway = await start_gateway(config)
+    client, gateway = await gateway_client(config)
     stream = await client.post(
         "/v1/completions",
         json=completion(max_tokens=400, ignore_eos=True, stream=True),

@@ -28,8 +28,9 @@ from tests.builders import (
     standard_tierpolicy_manifest,
     tenantbudget_manifest,
 )
-from tests.operator_process import OperatorProcess, run_operator, wait_until
+from tests.operator_process import OperatorProcess, run_operator
 from tests.support.kube import KubeApi, resource_path
+from tests.support.waiting import wait_until
 
 NS = "default"
 API_KEY = "sk-acme-123"

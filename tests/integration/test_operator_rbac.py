@@ -30,8 +30,9 @@ from tests.integration.test_operator import (
     tb,
     tp,
 )
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
 from tests.support.kube import KubeApi
+from tests.support.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvpool"
 RELEASE_NS = "kvpool-system"

@@ -27,8 +27,9 @@ from tests.integration.test_operator import (
     names,
 )
 from tests.invalid_objects import INVALID_CASES, PLURALS, InvalidCase, baseline_pool
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
 from tests.support.kube import KubeApi, resource_path
+from tests.support.waiting import wait_until
 
 API = "kvpool.dev/v1alpha1"
 BASELINE = {

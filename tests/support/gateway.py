@@ -4,8 +4,10 @@
   for fast gateway tests; the integration tests use real vLLM engines): it records what it
   received and answers completions and chat, streaming or not, with ``usage`` like vLLM.
 - :func:`serve_fake_engine` runs one in a child process (benchmarks).
-- :class:`GatewayProcess` is ``kvpool gateway`` as a real process. Tests start gateways
-  through the ``gateway_process`` / ``gateway_client`` fixtures (tests/conftest.py).
+- :class:`GatewayProcess` is ``kvpool gateway`` as a real process (benchmarks use it
+  directly); :class:`GatewayProcesses` is what the ``gateway_process`` fixture hands a test
+  (tests/conftest.py), and ``GatewayClientFactory`` the type of the ``gateway_client``
+  fixture (an in-process gateway behind aiohttp's test server).
 
 The configs they serve come from :mod:`tests.builders.compiled`.
 """
@@ -16,17 +18,25 @@ import asyncio
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from kvpool.gateway.server import Gateway
+from tests.builders import AdmissionConfigBuilder
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
+from tests.support.waiting import StopWaitingError, WaitTimeoutError, wait_until
+
+# The ``gateway_client`` fixture: ``client, gateway = await gateway_client(config, ...)``.
+GatewayClientFactory = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
 
 
 @dataclass
@@ -190,19 +200,33 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         self.process.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(f"gateway exited:\n{self.process.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"gateway not ready after {timeout}s:\n{self.process.log_tail()}")
+        try:
+            wait_until(self.ready, timeout, f"gateway {self.url} ready", interval=0.05)
+        except WaitTimeoutError:
+            self.stop()
+            raise RuntimeError(f"gateway not ready after {timeout}s:\n{self.log_tail()}") from None
+        return self
+
+    def ready(self) -> bool:
+        """Whether ``/readyz`` answers 200 (raises StopWaitingError when the process has exited)."""
+        if not self.process.running():
+            raise StopWaitingError(f"gateway exited:\n{self.process.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def config_generated_at(self) -> str | None:
+        """``generatedAt`` of the config in force (from ``kvpool_gateway_config_info``): a
+        test waits for it to equal the published config's instead of sleeping past a reload."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "kvpool_gateway_config_info" and sample.value == 1:
+                    return sample.labels.get("generated_at")
+        return None
 
     def stop(self) -> None:
         self.process.stop(timeout=10)
@@ -215,3 +239,47 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class GatewayProcesses:
+    """The ``gateway_process`` fixture: starts ``kvpool gateway`` processes for one test,
+    each with its own ports, config file and log under ``tmp_dir``; ``register(name,
+    gateway)`` is told of each (the fixture stops them all and reports their logs)."""
+
+    def __init__(self, tmp_dir: Path, register: Callable[[str, GatewayProcess], None]) -> None:
+        self._tmp_dir = tmp_dir
+        self._register = register
+        self._count = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GatewayProcess:
+        """A started gateway (arguments: :meth:`create`'s)."""
+        return self.create(*args, **kwargs).start()
+
+    async def started(self, *args: Any, **kwargs: Any) -> GatewayProcess:
+        """The same, started in a thread: the caller's event loop (a FakeEngine on it, say)
+        keeps running meanwhile."""
+        gateway = self.create(*args, **kwargs)
+        return await asyncio.to_thread(gateway.start)
+
+    def create(
+        self,
+        config: AdmissionConfigBuilder | Path | None = None,
+        *,
+        configmap: tuple[str, str] | None = None,
+        redis_url: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> GatewayProcess:
+        """A gateway, not started, serving ``config``: a builder (written to a file of its
+        own), a config file, or ``None`` with ``configmap=(namespace, api_url)``."""
+        index, self._count = self._count, self._count + 1
+        if isinstance(config, AdmissionConfigBuilder):
+            config = config.write(self._tmp_dir / f"gateway-{index}.json")
+        gateway = GatewayProcess(
+            config,
+            self._tmp_dir / f"gateway-{index}.log",
+            redis_url=redis_url,
+            extra_args=extra_args,
+            configmap=configmap,
+        )
+        self._register(f"gateway {index} ({gateway.url})", gateway)
+        return gateway
