@@ -165,8 +165,8 @@ def _cpu_seconds(pid: int) -> float:
 
 def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dict[str, Any]:
     from tests.operator_process import OperatorProcess
-    from tests.support.waiting import wait_until
     from tests.support.kube import resource_path, start_kube_api
+    from tests.support.waiting import wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))
     with start_kube_api(workdir) as kube:

@@ -77,7 +77,7 @@ def main() -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 print("Ctrl-C to stop")
                 while op.process.running():
-                    time.sleep(1)
+                    time.sleep(1)  # an interactive session: idle until the user stops it
     return 0
 
 

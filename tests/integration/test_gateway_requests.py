@@ -1,6 +1,6 @@
 """The gateway's request path over real HTTP, in front of a fake engine (fast, no vLLM).
 
-The engine is faked at the I/O boundary (tests.gateway_builders.FakeEngine records what
+The engine is faked at the I/O boundary (tests.support.gateway.FakeEngine records what
 it receives); everything else - aiohttp server, classify, estimate, budgets, admission,
 proxying, metrics - is the real code. The real-engine tests are in test_gateway_engine.py.
 """

@@ -13,6 +13,7 @@ from kvpool.controller.leader import LeaderElector
 from kvpool.domain import manifests as m
 from tests.builders import modelpool_manifest, served_modelpool
 from tests.support.kube import KubeApi
+from tests.support.waiting import ManualClock
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
     client: kube.KubeClient, kube_api: KubeApi
 ) -> None:
     """Two electors, one clock: one leads; the other takes over only after expiry."""
-    now = [1000.0]
+    now = ManualClock(1000.0)
     started: list[str] = []
 
     def elector(identity: str) -> LeaderElector:
@@ -146,7 +147,7 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
             started.append(identity)
 
         return LeaderElector(
-            client, "default", "lease", identity, duration=15.0, clock=lambda: now[0],
+            client, "default", "lease", identity, duration=15.0, clock=now,
             on_started=on_started,
         )  # fmt: skip
 
@@ -155,11 +156,11 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
     await b.step()
     assert (a.leading, b.leading, started) == (True, False, ["a"])
 
-    now[0] += 14.0  # a has not renewed for 14 s: still within its 15 s lease
+    now.advance(14.0)  # a has not renewed for 14 s: still within its 15 s lease
     await b.step()
     assert not b.leading
 
-    now[0] += 2.0  # 16 s: expired; a would not act any more either (renew deadline 10 s)
+    now.advance(2.0)  # 16 s: expired; a would not act any more either (renew deadline 10 s)
     await b.step()
     await a.step()
     lease = kube_api.client.get("/apis/coordination.k8s.io/v1/namespaces/default/leases/lease")
