@@ -1,4 +1,5 @@
-"""Shared fixtures for the real parts: tiny model, vLLM engines, Prometheus, Redis.
+"""Shared fixtures for the real parts: tiny model, vLLM engines, Prometheus, Redis, and
+the gateway (as a process or in-process) with a fake engine.
 
 Why here: the operator and gateway integration tests and the benchmarks all need the same
 real servers, started the same way and always stopped. The helpers live in
@@ -14,6 +15,9 @@ Fixtures:
   tiny model (keyword arguments are ``EngineConfig`` fields; ``model_dir`` defaults to the
   tiny model) and returns a healthy ``VllmEngine``. All are stopped at the end of the test
   (``vllm_engine``) or of the module (``vllm_engine_module``, to share one ~15 s start).
+- ``tiny_engine`` (module): one engine serving ``tiny`` as the gateway tests use it (2 MiB
+  of KV cache = 2,048 tokens, block 32, 8 sequences, priority scheduling); pair it with
+  ``tests.builders.tiny_engine_admission_config``.
 - ``prometheus_server``: factory ``prometheus_server(targets={"vllm": [engine.target]})``.
 - ``redis_server`` / ``redis_server_module``: factory ``redis_server(port=None)``.
 - ``gateway_process``: factory of ``kvpool gateway`` processes
@@ -42,6 +46,10 @@ the test FAILS, since CI must have installed them; otherwise it is skipped with 
 command that installs them (``make deps``).
 
 When a test fails, the tail of every running server's log is added to its report.
+
+Waiting: no test sleeps a guessed time. Code that reads a clock gets a
+``tests.support.waiting.ManualClock``; waits for another process use ``wait_until`` /
+``wait_until_async`` from the same module. Objects come from ``tests.builders``.
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ INSTALL_HINT = "run `make deps` (apt: prometheus redis-server; vLLM: scripts/ens
 _FIXTURE_MARKERS = {
     "vllm_engine": "engine",
     "vllm_engine_module": "engine",
+    "tiny_engine": "engine",
     "prometheus_server": "prometheus",
     "redis_server": "redis",
     "redis_server_module": "redis",
@@ -195,6 +204,18 @@ def vllm_engine_module(
 ) -> Iterator[EngineFactory]:
     """Factory like ``vllm_engine`` whose engines live until the end of the module."""
     yield from _engine_factory(tiny_model, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(vllm_engine_module: EngineFactory) -> VllmEngine:
+    """The gateway tests' engine (see the module docstring), shared by a module."""
+    return vllm_engine_module(
+        served_model_name="tiny",
+        kv_cache_memory_bytes=2 * 1024 * 1024,
+        block_size=32,
+        max_num_seqs=8,
+        scheduling_policy="priority",
+    )
 
 
 @pytest.fixture

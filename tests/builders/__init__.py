@@ -20,6 +20,7 @@ and the gateway enforces:
 - :class:`CompiledPoolBuilder` -> a ``CompiledPool`` with floors in tokens and slots;
 - :class:`AdmissionConfigBuilder` / ``standard_admission_config(endpoints)`` -> an
   ``AdmissionConfig`` with floors in percents, planned like the operator (``.write(path)``);
+  ``tiny_engine_admission_config(url, tokenizer)`` -> the one over the ``tiny_engine``;
 - :class:`AdmissionRequests` -> numbered ``AdmissionRequest``\\ s; ``key_digest(key)``.
 
 Servers built from these (a fake engine, the gateway process) are in
@@ -38,6 +39,7 @@ from tests.builders.compiled import (
     compiled_tier,
     key_digest,
     standard_admission_config,
+    tiny_engine_admission_config,
 )
 from tests.builders.manifests import (
     ModelPoolManifestBuilder,
@@ -74,4 +76,5 @@ __all__ = [
     "standard_tierpolicy_manifest",
     "tenantbudget_manifest",
     "tierpolicy_manifest",
+    "tiny_engine_admission_config",
 ]

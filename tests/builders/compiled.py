@@ -495,6 +495,35 @@ def standard_admission_config(endpoints: list[str], **pool: Any) -> AdmissionCon
     )
 
 
+def tiny_engine_admission_config(
+    engine_url: str,
+    tokenizer: str | Path,
+    *,
+    wait: float = 30.0,
+    ttft: float | None = None,
+    limits: list[tuple[float, int]] | None = None,
+) -> AdmissionConfigBuilder:
+    """interactive (chat, 50 %, TTFT target ``ttft`` s) and batch (completions, 30 %) over
+    one tiny vLLM engine (the ``tiny_engine`` fixture: maxModelLen 512, 2,048 tokens and 8
+    slots); tenant acme (key ``sk-acme``) with ``limits``."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=wait, ttft=ttft)
+        .tier("batch", floor=30, wait=wait)
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool(
+            "tiny",
+            [engine_url],
+            tokens_per_replica=2048,
+            slots_per_replica=8,
+            max_model_len=512,
+            output_p95=64,
+            tokenizer_path=tokenizer,
+        )
+        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=limits)
+    )
+
+
 class AdmissionRequests:
     """Numbered admission requests: ``AdmissionRequests().make("hi", 100)`` -> ids r1, r2..."""
 

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from kvpool.adapters.engine_metrics import fetch_engine_load
-from tests.builders import AdmissionConfigBuilder
-from tests.support.engine import EngineFactory, VllmEngine
+from tests.builders import tiny_engine_admission_config
+from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory
 from tests.support.waiting import wait_until_async
 
@@ -33,38 +33,6 @@ pytestmark = [pytest.mark.engine]
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MAX_MODEL_LEN = 512
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=2 * 1024 * 1024,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
-def parity_config(
-    engine: VllmEngine, tokenizer: Path, ttft: float | None = None
-) -> AdmissionConfigBuilder:
-    """interactive (chat, 50 %; TTFT target ``ttft``) and batch (30 %) over the engine."""
-    return (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=60.0, ttft=ttft)
-        .tier("batch", floor=30, wait=60.0)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=MAX_MODEL_LEN,
-            tokenizer_path=tokenizer,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
-    )
 
 
 def _ids(count: int, start: int = 10) -> list[int]:
@@ -149,15 +117,17 @@ def _status_class(status: int) -> int | str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("path", "body"), list(SHAPES.values()), ids=list(SHAPES))
 async def test_gateway_answers_like_the_engine(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
-    client, gw = await gateway_client(parity_config(engine, tiny_tokenizer_json))
+    client, gw = await gateway_client(
+        tiny_engine_admission_config(tiny_engine.base_url, tiny_tokenizer_json, wait=60.0)
+    )
     async with aiohttp.ClientSession() as session:
-        direct_status, direct_text = await _post(session, engine.base_url + path, body)
+        direct_status, direct_text = await _post(session, tiny_engine.base_url + path, body)
     resp = await client.post(path, json=body, headers=ACME)
     via_text = await resp.text()
     assert _status_class(resp.status) == _status_class(direct_status), (
@@ -183,22 +153,24 @@ def _sample(metrics: str, name: str, *labels: str) -> float:
 
 
 @pytest.mark.timeout(120)
-async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngine) -> None:
+async def test_engine_load_is_read_from_the_engines_own_metrics(tiny_engine: VllmEngine) -> None:
     async with aiohttp.ClientSession() as session:
-        idle = await fetch_engine_load(session, engine.base_url)
+        idle = await fetch_engine_load(session, tiny_engine.base_url)
         body = _completion(_ids(300), max_tokens=200, ignore_eos=True)
-        running = asyncio.create_task(_post(session, engine.base_url + "/v1/completions", body))
+        running = asyncio.create_task(
+            _post(session, tiny_engine.base_url + "/v1/completions", body)
+        )
         busiest = 0.0
         while not running.done():
-            load = await fetch_engine_load(session, engine.base_url)
+            load = await fetch_engine_load(session, tiny_engine.base_url)
             assert load is not None
             busiest = max(busiest, load.kv_usage)
             await asyncio.sleep(0.02)  # sampling the real engine while it runs: a measurement
         status, _ = await running
         gone = await fetch_engine_load(session, "http://127.0.0.1:1")
-        async with session.get(engine.metrics_url) as resp:
+        async with session.get(tiny_engine.metrics_url) as resp:
             raw = await resp.text()
-        final = await fetch_engine_load(session, engine.base_url)
+        final = await fetch_engine_load(session, tiny_engine.base_url)
     assert final is not None
     assert final.preemptions_total == _sample(raw, "vllm:num_preemptions_total")
     assert final.running == _sample(raw, "vllm:num_requests_running")
@@ -210,9 +182,11 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngi
 
 @pytest.mark.timeout(240)
 async def test_gateway_learns_outputs_measures_ttft_and_adapts(
-    engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
-    config = parity_config(engine, tiny_tokenizer_json, ttft=0.5)
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, wait=60.0, ttft=0.5
+    )
     client, gw = await gateway_client(config, engine_poll_seconds=0.05)
     for _ in range(20):  # the top tier's TTFT samples (streamed chats)
         resp = await client.post(

@@ -33,8 +33,8 @@ from kvpool.adapters.budget import (
 )
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.gateway.metrics import GatewayMetrics
-from tests.builders import AdmissionConfigBuilder
-from tests.support.engine import EngineFactory, VllmEngine
+from tests.builders import tiny_engine_admission_config
+from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory, GatewayProcesses
 from tests.support.redis_server import RedisFactory
 from tests.support.waiting import ManualClock
@@ -42,44 +42,6 @@ from tests.support.waiting import ManualClock
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
 ACME = {"Authorization": "Bearer sk-acme"}
-KV_BYTES = 2 * 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=KV_BYTES,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
-def engine_config(
-    engine: VllmEngine,
-    tokenizer: Path,
-    *,
-    limits: list[tuple[float, int]] | None = None,
-    wait: float = 30.0,
-) -> AdmissionConfigBuilder:
-    """interactive (chat, 50 %) and batch (completions, 30 %) over the real engine."""
-    return (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=wait)
-        .tier("batch", floor=30, wait=wait)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=512,
-            output_p95=64,
-            tokenizer_path=tokenizer,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=limits)
-    )
 
 
 def completion(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
@@ -104,7 +66,7 @@ def chat(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
     ids=["completion", "chat-with-template"],
 )
 def test_tokenizer_counts_prompts_like_the_engine(
-    engine: VllmEngine, tiny_tokenizer_json: Path, path: str, body: dict[str, Any]
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, path: str, body: dict[str, Any]
 ) -> None:
     tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
     assert tokenizer is not None
@@ -112,7 +74,7 @@ def test_tokenizer_counts_prompts_like_the_engine(
         ours = tokenizer.count_chat(body["messages"])
     else:
         ours = tokenizer.count_prompt(body["prompt"])
-    answer = engine.post_json(path, body)
+    answer = tiny_engine.post_json(path, body)
     assert ours == answer["usage"]["prompt_tokens"]
 
 
@@ -122,13 +84,15 @@ def test_tokenizer_counts_prompts_like_the_engine(
     ids=["completion", "chat"],
 )
 async def test_end_to_end_non_streaming_settles_the_real_usage(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 10_000)]
+    ).obj()
     client, gateway = await gateway_client(config)
     resp = await client.post(path, json={**body, "priority": -5}, headers=ACME)
     assert resp.status == 200, await resp.text()
@@ -144,12 +108,14 @@ async def test_end_to_end_non_streaming_settles_the_real_usage(
 
 @pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["plain", "include-usage"])
 async def test_end_to_end_streaming(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     gateway_client: GatewayClientFactory,
     caller_wants_usage: bool,
 ) -> None:
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 10_000)]
+    ).obj()
     client, gateway = await gateway_client(config)
     body = chat(max_tokens=12, stream=True, ignore_eos=True)
     if caller_wants_usage:
@@ -173,7 +139,7 @@ async def test_end_to_end_streaming(
 
 
 async def test_budget_across_two_gateway_processes_sharing_redis(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
     gateway_process: GatewayProcesses,
@@ -182,7 +148,9 @@ async def test_budget_across_two_gateway_processes_sharing_redis(
     then what is served overshoots the budget by at most one reservation."""
     limit, max_tokens = 600, 40
     redis = redis_server()
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, limit)])
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, limit)]
+    )
     gateways = [
         gateway_process(config, redis_url=redis.url, extra_args=("--redis-timeout", "1.0"))
         for _ in range(2)
@@ -208,7 +176,7 @@ async def test_budget_across_two_gateway_processes_sharing_redis(
 
 
 async def test_redis_killed_mid_test_follows_the_tier_policy(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
     gateway_client: GatewayClientFactory,
@@ -223,7 +191,9 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
         clock=breaker_clock,
     )
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 100_000)]
+    ).obj()
     client, _ = await gateway_client(config, store, metrics=metrics)
     assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
 
@@ -252,10 +222,12 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
 
 
 async def test_engine_killed_gives_clear_errors_and_releases_everything(
-    engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
     """Runs last in the module: it kills the shared engine."""
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 100_000)]
+    ).obj()
     client, gateway = await gateway_client(config)
     stream = await client.post(
         "/v1/completions",
@@ -264,7 +236,7 @@ async def test_engine_killed_gives_clear_errors_and_releases_everything(
     )
     assert stream.status == 200
     await stream.content.readline()  # the stream has started
-    engine.process.kill()
+    tiny_engine.process.kill()
     rest = (await stream.read()).decode()
     assert "engine_stream_broken" in rest
     after = await client.post("/v1/completions", json=completion(), headers=ACME)

@@ -37,17 +37,6 @@ ACME = {"Authorization": "Bearer sk-acme"}
 KV_BYTES = 2 * 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=KV_BYTES,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
 def config(
     endpoints: list[str], tokenizer: Path, *, limits: list[tuple[float, int]] | None = None
 ) -> AdmissionConfigBuilder:
@@ -68,7 +57,7 @@ def config(
     )
 
 
-def engine_counters(engine: VllmEngine) -> dict[str, float]:
+def engine_counters(tiny_engine: VllmEngine) -> dict[str, float]:
     """The engine's prompt/generation token counters and running/waiting gauges."""
     wanted = {
         "vllm:prompt_tokens": "prompt",
@@ -77,7 +66,7 @@ def engine_counters(engine: VllmEngine) -> dict[str, float]:
         "vllm:num_requests_waiting": "waiting",
     }
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(engine.fetch_metrics_text()):
+    for family in text_string_to_metric_families(tiny_engine.fetch_metrics_text()):
         if family.name in wanted:
             out[wanted[family.name]] = sum(
                 s.value for s in family.samples if not s.name.endswith("_created")
@@ -85,9 +74,9 @@ def engine_counters(engine: VllmEngine) -> dict[str, float]:
     return out
 
 
-async def wait_engine_idle(engine: VllmEngine, timeout: float = 30.0) -> dict[str, float]:
+async def wait_engine_idle(tiny_engine: VllmEngine, timeout: float = 30.0) -> dict[str, float]:
     async def idle() -> dict[str, float] | None:
-        counters = await asyncio.to_thread(engine_counters, engine)
+        counters = await asyncio.to_thread(engine_counters, tiny_engine)
         busy = counters.get("running", 0) or counters.get("waiting", 0)
         return None if busy else counters
 
@@ -96,7 +85,7 @@ async def wait_engine_idle(engine: VllmEngine, timeout: float = 30.0) -> dict[st
 
 @pytest.mark.redis
 async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
     gateway_process: GatewayProcesses,
@@ -108,9 +97,9 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
     redis = redis_server()
     limits = [(60.0, 1_000_000)]
     proc = gateway_process(
-        config([engine.base_url], tiny_tokenizer_json, limits=limits), redis_url=redis.url
+        config([tiny_engine.base_url], tiny_tokenizer_json, limits=limits), redis_url=redis.url
     )
-    before = await wait_engine_idle(engine)
+    before = await wait_engine_idle(tiny_engine)
     body = {"model": "tiny", "prompt": "tell me a long story", "max_tokens": 400}
     body["ignore_eos"] = True
     aborted = 0
@@ -132,7 +121,7 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
             statuses = await asyncio.gather(*(send() for _ in range(5)))
             aborted += statuses.count(0)
             seen += statuses
-    after = await wait_engine_idle(engine)
+    after = await wait_engine_idle(tiny_engine)
     generated = int(after["generation"] - before["generation"])
     prompt = int(after["prompt"] - before["prompt"])
     store = RedisBudgetStore(redis.url, timeout=2.0)
