@@ -6,6 +6,7 @@ before and after the run next to the figures; results go to ``bench/results/NAME
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -32,6 +33,18 @@ def write_results(path: Path, result: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path.relative_to(REPO)
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Pin every thread of this process to ``cpus``, and so every process it starts later.
+
+    ``os.sched_setaffinity(0, ...)`` moves only the calling thread: a worker thread of
+    ``asyncio.to_thread`` created before keeps the old set, and so does a child process
+    started from it (a gateway started that way ran on the engine's core and took its CPU).
+    """
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(int(task), cpus)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -72,7 +72,7 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import machine_info, percentile, words_text, write_results
+from benchkit import machine_info, percentile, pin_process, words_text, write_results
 from protection_tiers import EXAMPLE_TTFT_TARGET, compare, draw, run_three_tiers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
@@ -441,7 +441,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for policy in ("priority", "fcfs"):
             engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
         if args.pin:  # from here on: this process and the gateway it starts
-            os.sched_setaffinity(0, {CLIENT_CORE})
+            pin_process({CLIENT_CORE})  # the load generator and the gateway
         config_path = gateway_config(engines["priority"]).write(workdir / "config.json")
         gateway = GatewayProcess(
             config_path, workdir / "gateway.log", extra_args=("--no-access-log",)
@@ -486,7 +486,7 @@ def main() -> int:
     parser.add_argument("--eval-workers", type=int, default=3, help="three tiers: eval workers")
     parser.add_argument(
         "--ttft-sweep",
-        default="50,150,none",
+        default="10,15,25,none",
         help="three tiers: interactive ttftP95Target values (ms, or none) besides the example's",
     )
     args = parser.parse_args()

@@ -14,6 +14,8 @@ Scenarios, each the same seeded load on the same engines, run in ``--rounds`` in
 rounds (shuffled each round; the machine's load drifts and must hit every scenario alike):
 
 - ``chat-alone``: the chat tenant alone, direct (the floor no policy can beat);
+- ``chat-alone-kvpool``: the chat tenant alone through a kvpool gateway (what the proxy
+  hop itself costs, so that the contention kvpool leaves can be told apart from it);
 - ``fcfs``: everyone direct on a second engine with FCFS scheduling;
 - ``priority``: everyone direct, the caller sets vLLM ``priority`` 0/10/20 (the strongest
   alternative: the engine's own priority scheduling);
@@ -51,7 +53,7 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import percentile, words_text
+from benchkit import percentile, pin_process, words_text
 
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 8
@@ -343,7 +345,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
         for policy in ("priority", "fcfs"):
             engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
         if args.pin:
-            os.sched_setaffinity(0, {1})
+            pin_process({1})  # the load generator and the gateways: never the engines' core
         prio = engines["priority"]
         plan: list[tuple[str, Any]] = [
             ("chat-alone", ("direct", prio, True, True)),
@@ -357,7 +359,8 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                 name = "kvpool-no-target"
             else:
                 name = f"kvpool-ttft-{target * 1000:g}"
-            plan.append((name, ("gateway", prio, target)))
+            plan.append((name, ("gateway", prio, target, False)))
+        plan.insert(1, ("chat-alone-kvpool", ("gateway", prio, EXAMPLE_TTFT_TARGET, True)))
         tallies: dict[str, RunTally] = {name: RunTally() for name, _ in plan}
         order = list(plan)
         shuffle = random.Random(args.seed)
@@ -379,7 +382,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                         seconds=seconds,
                     )
                 else:
-                    _, engine, target = how
+                    _, engine, target, chat_only = how
                     config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
                     gateway = GatewayProcess(
                         config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
@@ -389,7 +392,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                         tally = await run_scenario(
                             engine,
                             gateway.url,
-                            chat_only=False,
+                            chat_only=chat_only,
                             priorities=False,
                             args=args,
                             seconds=seconds,
@@ -417,12 +420,14 @@ def compare(scenarios: dict[str, Any]) -> dict[str, Any]:
         return None if a is None or not b else round(a / b, 3)
 
     ttft_alone = ratio(kv["chat_ttft_p95_ms"], alone["chat_ttft_p95_ms"])
+    via_gateway = scenarios.get("chat-alone-kvpool", {}).get("chat_ttft_p95_ms")
     ttft_prio = ratio(kv["chat_ttft_p95_ms"], prio["chat_ttft_p95_ms"])
     throughput = ratio(kv["total_tokens_per_s"], prio["total_tokens_per_s"])
     preempt = ratio(kv["preemptions"], prio["preemptions"]) if prio["preemptions"] else None
     shares = {t: kv[f"{t}_share"] for t in ("batch", "eval")}
     return {
         "kvpool_chat_p95_over_alone": ttft_alone,
+        "kvpool_chat_p95_over_alone_through_kvpool": ratio(kv["chat_ttft_p95_ms"], via_gateway),
         "kvpool_chat_p95_over_priority": ttft_prio,
         "kvpool_total_tokens_over_priority": throughput,
         "kvpool_preemptions_over_priority": preempt,
@@ -479,6 +484,9 @@ def draw(scenarios: dict[str, Any], path: Path) -> Path | None:
     if alone:
         ax.axhline(alone, linestyle=":", color="grey", label="chat alone")
         ax.axhline(1.5 * alone, linestyle="--", color="grey", label="1.5x alone")
+    via = scenarios.get("chat-alone-kvpool", {}).get("chat_ttft_p95_ms")
+    if via:
+        ax.axhline(via, linestyle="-.", color="tab:blue", label="chat alone via kvpool")
     ax.set_xlabel("batch output tokens/s")
     ax.set_ylabel("interactive p95 TTFT (ms)")
     ax.set_yscale("log")

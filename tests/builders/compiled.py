@@ -180,6 +180,7 @@ class _TierSpec:
     lend_slots: int
     wait: float
     reclaim: Reclaim
+    ttft: float | None = None
 
 
 @dataclass
@@ -211,8 +212,10 @@ class CompiledPoolBuilder:
         lend_slots: int | None = None,
         wait: float = 5.0,
         reclaim: Reclaim = "Wait",
+        ttft: float | None = None,
     ) -> CompiledPoolBuilder:
-        """Add a tier (highest priority first); lendable defaults to the whole floor."""
+        """Add a tier (highest priority first); lendable defaults to the whole floor;
+        ``ttft``: its ttftP95Target (seconds)."""
         self._tiers.append(
             _TierSpec(
                 name,
@@ -222,6 +225,7 @@ class CompiledPoolBuilder:
                 floor_slots if lend_slots is None else lend_slots,
                 wait,
                 reclaim,
+                ttft,
             )
         )
         return self
@@ -286,7 +290,7 @@ class CompiledPoolBuilder:
 
     def tiers(self) -> list[CompiledTier]:
         return [
-            compiled_tier(t.name, rank, wait=t.wait, reclaim=t.reclaim)
+            compiled_tier(t.name, rank, wait=t.wait, reclaim=t.reclaim, ttft=t.ttft)
             for rank, t in enumerate(self._tiers)
         ]
 
@@ -540,6 +544,7 @@ class AdmissionRequests:
         weight: int = 1,
         max_concurrency: int | None = None,
         track: str | None = None,
+        borrow_tokens: int | None = None,
     ) -> AdmissionRequest:
         self.count += 1
         return AdmissionRequest(
@@ -551,4 +556,5 @@ class AdmissionRequests:
             weight=weight,
             max_concurrency=max_concurrency,
             track=track,
+            borrow_tokens=borrow_tokens,
         )

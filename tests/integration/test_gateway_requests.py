@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from kvpool.adapters.budget import (
     RedisBudgetStore,
 )
 from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
 from tests.builders import AdmissionConfigBuilder, standard_admission_config
 from tests.support.gateway import FakeEngine, GatewayClientFactory
@@ -730,3 +731,98 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
     assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
     assert p95 >= 0.03
     assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}
+
+
+def _held_config(url: str, ttft: float | None) -> AdmissionConfig:
+    """interactive (with or without a ttftP95Target) and batch on one replica."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=5.0, ttft=ttft)
+        .tier("batch", floor=30, wait=5.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool("tiny", [url])
+        .tenant("acme", key="sk-acme", tiers=["interactive"], labels={"class": "interactive"})
+        .tenant("bulk", key="sk-bulk", tiers=["batch"])
+        .obj()
+    )
+
+
+async def _seconds_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds until ``predicate`` held (polled on the loop); fails with ``what``."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await wait_until_async(predicate, timeout, what, interval=0.01)
+    return loop.time() - start
+
+
+@pytest.mark.parametrize(
+    ("ttft", "stream", "held"),
+    [(2.0, True, "until-first-token"), (0.3, False, "until-target"), (None, True, "no")],
+    ids=["held-until-the-first-token", "held-at-most-the-target", "no-target-no-hold"],
+)
+async def test_interactive_prefill_holds_batch_off_its_replica(
+    gateway_client: GatewayClientFactory, ttft: float | None, stream: bool, held: str
+) -> None:
+    """While an interactive request (tier with a ttftP95Target) waits for its first token,
+    no batch request is sent to its replica: the engine would run both prefills in one
+    step. The engine answers each request after 0.8 s, then streams a token every 0.5 s."""
+    fake_engine = await FakeEngine(delay=0.8, chunk_delay=0.5).start()
+    try:
+        client, _ = await gateway_client(_held_config(fake_engine.url, ttft))
+        chat_task = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions", json=chat(stream=stream, max_tokens=4), headers=ACME
+            )
+        )
+        await _seconds_until(
+            lambda: len(fake_engine.received) == 1, 2.0, "the chat reaches the engine"
+        )
+        batch_task = asyncio.create_task(
+            client.post("/v1/completions", json=completion(max_tokens=2), headers=BULK)
+        )
+        waited = await _seconds_until(
+            lambda: len(fake_engine.received) == 2, 3.0, "the batch reaches it"
+        )
+        if held == "no":
+            assert waited < 0.4, f"batch waited {waited:.2f}s with no hold"
+        elif held == "until-target":
+            assert 0.1 < waited < 0.6, f"batch waited {waited:.2f}s; the hold is 0.3 s at most"
+        else:
+            # the token comes at 0.8 s; the target (2 s) would end the hold much later
+            assert 0.5 < waited < 1.5, f"batch reached the engine {waited:.2f}s in"
+        chat_resp, batch_resp = await chat_task, await batch_task
+        assert (chat_resp.status, batch_resp.status) == (200, 200)
+        await chat_resp.read()
+        await batch_resp.read()
+    finally:
+        await fake_engine.stop()
+
+
+async def test_usage_gauges_of_replicas_no_longer_polled_are_dropped(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    """kvpool_gateway_engine_kv_usage{pool,replica} follows the replicas the gateway polls:
+    a replica that left the config, and a pool that did, leave no stale series."""
+    fake_engine.metrics_text = _vllm_metrics(0.42, 0)
+    _, gateway = await gateway_client(
+        standard_admission_config([fake_engine.url, fake_engine.url]).obj(),
+        engine_poll_seconds=0.05,
+    )
+
+    def usage(replica: str, pool: str = "tiny") -> float | None:
+        return gateway.metrics.registry.get_sample_value(
+            "kvpool_gateway_engine_kv_usage", {"pool": pool, "replica": replica}
+        )
+
+    await _seconds_until(lambda: usage("tiny-1") == 0.42, 3.0, "both replicas are polled")
+    gateway.apply_config(standard_admission_config([fake_engine.url]).obj())
+    await _seconds_until(lambda: usage("tiny-1") is None, 3.0, "tiny-1's gauge is dropped")
+    assert usage("tiny-0") == 0.42
+    gateway.apply_config(
+        standard_admission_config([fake_engine.url]).pool("other", [fake_engine.url]).obj()
+    )
+    await _seconds_until(lambda: usage("other-0", "other") == 0.42, 3.0, "the other pool is polled")
+    only_other = AdmissionConfigBuilder().tier("interactive", floor=50).tier("batch", floor=30)
+    gateway.apply_config(only_other.pool("other", [fake_engine.url]).obj())
+    await _seconds_until(lambda: usage("tiny-0") is None, 3.0, "the removed pool's gauge goes")
+    assert usage("other-0", "other") == 0.42

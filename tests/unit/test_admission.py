@@ -576,3 +576,166 @@ def test_a_running_request_ends_the_starved_claim() -> None:
     wake = ctl.release(big.request_id, 1.0)
 
     assert [a.request_id for a in wake.admitted] == [queued_batch.request_id]
+
+
+@pytest.mark.parametrize(
+    ("before", "offer", "expected"),
+    [
+        ([], (150, 100), ("admitted", 150)),
+        ([(150, 100)], (150, 100), ("borrowed", 100)),
+        ([(150, 100)], (50, 10), ("admitted", 50)),
+        ([], (150, None), ("admitted", 150)),
+        ([(150, 100)], (150, None), ("borrowed", 150)),
+    ],
+    ids=[
+        "inside-the-floor-reserves-the-whole-need",
+        "above-the-floor-reserves-the-overcommitted-size",
+        "what-still-fits-the-floor-is-not-overcommitted",
+        "no-overcommitted-size-given",
+        "borrowing-without-overcommitted-size-reserves-the-whole-need",
+    ],
+)
+def test_overcommit_applies_only_above_the_floor(before, offer, expected) -> None:
+    """lo's floor is 200 tokens: (tokens, borrow_tokens) offers; what lo then holds."""
+    builder = CompiledPoolBuilder().capacity(1000, 10).tier("hi", 400, 4).tier("lo", 200, 4)
+    ctl, make = controller(builder), AdmissionRequests()
+    held = 0
+    for tokens, borrow in before:
+        admit = ctl.offer(make.make("lo", tokens, borrow_tokens=borrow), 0.0)
+        assert isinstance(admit, Admit)
+        held += admit.tokens
+    verdict = ctl.offer(make.make("lo", offer[0], borrow_tokens=offer[1]), 0.0)
+    assert isinstance(verdict, Admit)
+    assert (verdict.outcome, verdict.tokens) == expected
+    lo = next(t for t in ctl.snapshot().tiers if t.tier == "lo")
+    assert lo.in_use_tokens == held + verdict.tokens
+    ctl.release(verdict.reservation_id, 1.0)
+    lo = next(t for t in ctl.snapshot().tiers if t.tier == "lo")
+    assert lo.in_use_tokens == held  # a release gives back exactly what was reserved
+
+
+class TestPrefillHolds:
+    """A tier with a ttftP95Target keeps lower tiers off its replica until its first token."""
+
+    @staticmethod
+    def builder(replicas: int = 1, hi_ttft: float | None = 0.5) -> CompiledPoolBuilder:
+        return (
+            CompiledPoolBuilder()
+            .capacity(1000 * replicas, 8 * replicas)
+            .tier("hi", 0, 0, ttft=hi_ttft)
+            .tier("mid", 0, 0)
+            .tier("lo", 0, 0)
+            .replicas(replicas)
+        )
+
+    # (case id, pool, events, what each lower-tier offer / wakeup must show)
+    # events: ("offer", tier, at) | ("first", request id, at) | ("release", id, at)
+    #         | ("expire", at); expected: request id -> replica it started on (or "queued")
+    CASES = [
+        (
+            "lower-tier-waits-for-the-first-token",
+            builder(),
+            [("offer", "hi", 0.0), ("offer", "lo", 0.01), ("first", "r1", 0.02)],
+            {"r1": "s0", "r2": "s0@0.02"},
+        ),
+        (
+            "the-hold-ends-at-the-target-without-a-first-token",
+            builder(),
+            [("offer", "hi", 0.0), ("offer", "lo", 0.01), ("expire", 0.5)],
+            {"r1": "s0", "r2": "s0@0.5"},
+        ),
+        (
+            "release-ends-the-hold",
+            builder(),
+            [("offer", "hi", 0.0), ("offer", "lo", 0.01), ("release", "r1", 0.2)],
+            {"r1": "s0", "r2": "s0@0.2"},
+        ),
+        (
+            "lower-tier-starts-on-another-replica",
+            builder(replicas=2),
+            [("offer", "hi", 0.0), ("offer", "lo", 0.01)],
+            {"r1": "s0", "r2": "s1"},
+        ),
+        (
+            "same-tier-is-not-held",
+            builder(),
+            [("offer", "hi", 0.0), ("offer", "hi", 0.01)],
+            {"r1": "s0", "r2": "s0"},
+        ),
+        (
+            "a-tier-without-target-holds-nobody",
+            builder(hi_ttft=None),
+            [("offer", "hi", 0.0), ("offer", "lo", 0.01)],
+            {"r1": "s0", "r2": "s0"},
+        ),
+        (
+            "every-lower-tier-is-held",
+            builder(),
+            [
+                ("offer", "hi", 0.0),
+                ("offer", "mid", 0.01),
+                ("offer", "lo", 0.01),
+                ("first", "r1", 0.03),
+            ],
+            {"r1": "s0", "r2": "s0@0.03", "r3": "s0@0.03"},
+        ),
+        (
+            "a-chain-of-holds-lets-lower-tiers-through-after-the-longest-target",
+            builder(),
+            [
+                ("offer", "hi", 0.0),
+                ("offer", "lo", 0.1),
+                ("offer", "hi", 0.4),
+                ("first", "r1", 0.45),
+                ("expire", 0.5),
+            ],
+            {"r1": "s0", "r3": "s0", "r2": "s0@0.5"},
+        ),
+    ]
+
+    @pytest.mark.parametrize(
+        ("builder", "events", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+    )
+    def test_holds(self, builder, events, expected) -> None:
+        ctl, make = controller(builder), AdmissionRequests()
+        started: dict[str, str] = {}
+
+        def woke(wakeups: Wakeups, at: float) -> None:
+            for admit in wakeups.admitted:
+                started[admit.request_id] = f"{admit.replica}@{at:g}"
+
+        for event in events:
+            if event[0] == "offer":
+                request = make.make(event[1], 100)
+                verdict = ctl.offer(request, event[2])
+                started[request.request_id] = (
+                    verdict.replica if isinstance(verdict, Admit) else "queued"
+                )
+            elif event[0] == "first":
+                woke(ctl.first_token(event[1], event[2]), event[2])
+            elif event[0] == "release":
+                woke(ctl.release(event[1], event[2]), event[2])
+            else:
+                assert ctl.next_deadline() == pytest.approx(event[1])
+                woke(ctl.expire(event[1]), event[1])
+        assert {k: v for k, v in started.items() if k in expected} == expected
+
+    def test_no_deadline_is_returned_twice_when_nothing_lower_can_start(self) -> None:
+        """A chain gate that passed while lower tiers still cannot start (capacity) is not
+        a deadline again: the I/O layer must not spin on expire()."""
+        ctl, make = (
+            controller(
+                CompiledPoolBuilder()
+                .capacity(200, 8)
+                .tier("hi", 0, 0, ttft=0.5)
+                .tier("lo", 0, 0)
+                .replicas(1)
+            ),
+            AdmissionRequests(),
+        )
+        ctl.offer(make.make("hi", 100), 0.0)
+        ctl.offer(make.make("hi", 100), 0.3)  # the pool is full: lo queues for capacity
+        assert isinstance(ctl.offer(make.make("lo", 100), 0.31), Queue)
+        assert ctl.next_deadline() == pytest.approx(0.5)  # the gate of the chain from 0.0
+        assert ctl.expire(0.5).admitted == ()  # r1's hold ends, still no room for lo
+        assert ctl.next_deadline() == pytest.approx(0.8)  # r2's hold, not 0.5 again

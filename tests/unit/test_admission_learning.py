@@ -6,12 +6,18 @@ from __future__ import annotations
 import pytest
 
 from kvpool.api.admission_config import CompiledTier
-from kvpool.domain.admission import AdmissionController, Admit, Amount, Queue
+from kvpool.domain.admission import (
+    AdmissionController,
+    Admit,
+    Amount,
+    Queue,
+    build_admission_request,
+)
 from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
 from kvpool.domain.admission.limiter import LentLimiter
 from kvpool.domain.estimate import Estimate
-from tests.builders import AdmissionRequests, CompiledPoolBuilder
+from tests.builders import AdmissionRequests, CompiledPoolBuilder, compiled_tenant
 
 
 @pytest.mark.parametrize(
@@ -143,19 +149,19 @@ def _tier(name: str, rank: int) -> CompiledTier:
 @pytest.mark.parametrize(
     ("tier", "learned", "learn", "ratio_polls", "expected"),
     [
-        ("interactive", [64] * 30, True, [], 520),
-        ("batch", [64] * 30, True, [], 400 + 64),
-        ("batch", [64] * 30, True, [0] * 20, 400 + 52),
-        ("batch", [64] * 30, True, [0] * 200, 400 + 32),
-        ("batch", [64] * 30, True, [0] * 20 + [3], 400 + 64),
-        ("batch", [], True, [], 520),
-        ("batch", [64] * 30, False, [], 520),
-        ("batch", [500] * 30, True, [], 520),
+        ("interactive", [64] * 30, True, [], (520, 520)),
+        ("batch", [64] * 30, True, [], (400 + 64, 400 + 64)),
+        ("batch", [64] * 30, True, [0] * 20, (400 + 64, 400 + 52)),
+        ("batch", [64] * 30, True, [0] * 200, (400 + 64, 400 + 32)),
+        ("batch", [64] * 30, True, [0] * 20 + [3], (400 + 64, 400 + 64)),
+        ("batch", [], True, [], (520, 520)),
+        ("batch", [64] * 30, False, [], (520, 520)),
+        ("batch", [500] * 30, True, [], (520, 520)),
     ],
     ids=[
         "top-tier-reserves-its-whole-bound-never-preempted",
         "lower-tier-reserves-prompt-plus-learned-p95",
-        "quiet-engines-lower-the-ratio-for-lower-tiers",
+        "quiet-engines-lower-the-ratio-above-the-floor-only",
         "the-ratio-stops-at-its-minimum",
         "a-preemption-backs-the-ratio-off",
         "nothing-learned-yet-reserves-the-bound",
@@ -164,9 +170,14 @@ def _tier(name: str, rank: int) -> CompiledTier:
     ],
 )
 def test_reservation_by_tier(
-    tier: str, learned: list[int], learn: bool, ratio_polls: list[int], expected: int
+    tier: str,
+    learned: list[int],
+    learn: bool,
+    ratio_polls: list[int],
+    expected: tuple[int, int],
 ) -> None:
-    """Prompt 400, max_tokens 120 (charged 520); the top tier is never overcommitted."""
+    """Prompt 400, max_tokens 120 (charged 520): (reserved inside the tier's floor, above
+    it); the top tier is never overcommitted, and a floor never is either."""
     adaptation = PoolAdaptation([_tier("interactive", 0), _tier("batch", 1)], 16, learn=learn)
     for sample in learned:
         adaptation.settled(tier, sample, 1)
@@ -174,5 +185,7 @@ def test_reservation_by_tier(
         adaptation.engines(preemptions, 0.5)
     estimate = Estimate(prompt_tokens=400, output_tokens=120, output_limit=120)
 
-    assert adaptation.reserve(tier, estimate).tokens == expected
+    reserved = adaptation.reserve(tier, estimate)
+    request = build_admission_request("r1", compiled_tenant("t", [tier]), tier, reserved)
+    assert (request.tokens, request.borrowing_tokens) == expected
     assert adaptation.reserve(tier, estimate).charge_tokens == 520

@@ -70,6 +70,7 @@ def plans(draw: st.DrawFn, names: list[str] | None = None, replicas: int = 0) ->
             lend_slots=draw(st.integers(0, floor_s)),
             wait=draw(st.sampled_from([0.0, 1.0, 5.0])),
             reclaim=draw(st.sampled_from(["Wait", "Preempt"])),
+            ttft=draw(st.sampled_from([None, None, 0.5, 2.0])),
         )
     if replicas:
         builder.replicas(replicas)
@@ -128,13 +129,15 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def offer(self, data: st.DataObject) -> None:
         tier = data.draw(st.sampled_from([t.name for t in self.plan.tiers]))
+        tokens = data.draw(st.integers(0, self.plan.pool.total_tokens // 2))
         request = self._new_request(
             tier,
-            data.draw(st.integers(0, self.plan.pool.total_tokens // 2)),
+            tokens,
             data.draw(st.integers(1, 3)),
             data.draw(st.sampled_from(["a", "b", "c"])),
             weight=data.draw(st.integers(1, 3)),
             max_concurrency=data.draw(st.sampled_from([None, 1, 3])),
+            borrow_tokens=data.draw(st.one_of(st.none(), st.integers(0, tokens))),
         )
         self._record(self.ctl.offer(request, self.now), request)
         self._deliver_pending()
@@ -154,6 +157,13 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.finished.add(rid)
         self._apply(self.ctl.release(rid, self.now, actual))
         assert self.ctl.release(rid, self.now) == Wakeups(), "second release changed something"
+
+    @precondition(lambda self: self.inflight)
+    @rule(data=st.data())
+    def first_token(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.inflight)))
+        self._apply(self.ctl.first_token(rid, self.now))
+        assert self.ctl.first_token(rid, self.now) == Wakeups(), "second first token acted"
 
     @precondition(lambda self: self.queued)
     @rule(data=st.data())
@@ -248,6 +258,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         )
         if self.replicas == 1:
             replica = snap.replicas[0]
+            rank = next(t.rank for t in snap.tiers if t.tier == usage.tier)
+            if any(r < rank for r, _ in self.ctl._replicas[replica.name].holds.values()):
+                return  # a higher tier's prefill holds the replica: it starts a moment later
             if not replica.ready or (
                 replica.reserved_tokens + request.tokens > replica.capacity_tokens
                 or replica.reserved_slots + request.slots > replica.capacity_slots

@@ -54,8 +54,9 @@ class Tier(ApiModel):
         description=(
             "Target p95 time to first token of the tier's streamed requests, as the gateway "
             "measures it: the gateway throttles the concurrency lent to lower tiers to hold "
-            "it (kvpool_gateway_lent_limit), and the chart's KvpoolTierTtftAboveTarget alert "
-            "fires above it."
+            "it (kvpool_gateway_lent_limit), starts no lower-tier request on a replica while "
+            "one of this tier's requests there waits for its first token (for at most this "
+            "long), and the chart's KvpoolTierTtftAboveTarget alert fires above it."
         ),
     )
     engine_priority: int | None = Field(

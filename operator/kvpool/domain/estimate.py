@@ -96,6 +96,7 @@ class Estimate:
     output_source: OutputSource = "max_tokens"  # context_bounded: the context clamps it
     output_limit: int = 0  # per-sequence max_tokens to set upstream (0: not computed)
     reserve_tokens: int | None = None  # KV reservation when below the charge (None: charge)
+    borrow_tokens: int | None = None  # KV reservation above the tier's floor (None: tokens)
     reserve_slots: int | None = None  # slots when capped at one replica (None: sequences)
 
     @property

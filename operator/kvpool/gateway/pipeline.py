@@ -43,6 +43,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
@@ -331,6 +332,8 @@ class RequestPipeline:
             demoted=demoted,
             started=started,
         )
+        if tier.ttft_p95_target_seconds:  # its replica's prefill hold ends at the first token
+            admission.meter.on_first_token = partial(runtime.first_token, verdict.reservation_id)
         return admission, parsed
 
     # -- step 8 ----------------------------------------------------------------------------
@@ -375,11 +378,11 @@ class RequestPipeline:
                     admission.tenant.tenant, format_window(window)
                 ).inc(outcome.charged_tokens)
         if actual:
-            estimate = admission.estimate
-            self.metrics.reserved_tokens.labels(pool).inc(estimate.tokens)
+            reserved = admission.admit.tokens  # inside the floor or overcommitted above it
+            self.metrics.reserved_tokens.labels(pool).inc(reserved)
             self.metrics.actual_tokens.labels(pool).inc(actual)
-            self.metrics.bound_tokens.labels(pool).inc(estimate.charge_tokens)
-            self.metrics.estimate_error.labels(pool).observe(estimate.tokens - actual)
+            self.metrics.bound_tokens.labels(pool).inc(admission.estimate.charge_tokens)
+            self.metrics.estimate_error.labels(pool).observe(reserved - actual)
 
     def _adapt(self, admission: Admission, outcome: Outcome) -> None:
         """Feed the finished request to its pool's learning: output and TTFT samples."""
@@ -437,7 +440,7 @@ class RequestPipeline:
                         if outcome.ttft_seconds is not None
                         else None
                     ),
-                    "reserved_tokens": admission.estimate.tokens,
+                    "reserved_tokens": admission.admit.tokens,
                     "bound_tokens": admission.estimate.charge_tokens,
                     "charged_tokens": outcome.charged_tokens,
                     "prompt_tokens": outcome.prompt_tokens,

@@ -142,6 +142,12 @@ class PoolRuntime:
         self._apply(controller.release(reservation_id, self.now(), actual_tokens), track)
         self._drop_retired()
 
+    def first_token(self, reservation_id: str) -> None:
+        """The request's first token was relayed: lower tiers may use its replica again."""
+        track = self._reserved.get(reservation_id, STABLE)
+        controller = self.controllers.get(track) or self.controller
+        self._apply(controller.first_token(reservation_id, self.now()), track)
+
     def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
         """Adopt a new plan on every track, keeping in-flight reservations."""
         old, self.pool = self.pool, pool

@@ -82,6 +82,7 @@ class UsageMeter:
     sent: bool = False  # the request was handed to the engine (not refused at connect)
     stream_response: web.StreamResponse | None = None  # set once a stream has started
     first_token_at: float | None = None  # monotonic time of the first content chunk (TTFT)
+    on_first_token: Callable[[], None] | None = None  # called once, at the first chunk
 
     def settlement(self, reserved: int, prompt_estimate: int) -> RequestEnd:
         """The facts :func:`kvpool.domain.budget.decide_settlement` needs."""
@@ -100,6 +101,8 @@ class UsageMeter:
         """One content chunk relayed; the first one marks the time to first token."""
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
+            if self.on_first_token is not None:
+                self.on_first_token()
         self.chunks += 1
 
     def take(self, usage: Any) -> None:

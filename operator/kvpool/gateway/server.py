@@ -21,6 +21,7 @@ controller (in-flight reservations are kept; pools that left have their waiters 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -108,6 +109,8 @@ class Gateway(RequestPipeline):
         self._started = False
         self._watcher: asyncio.Task[None] | None = None
         self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
+        self._kv_usage_series: dict[str, set[str]] = {}  # pool -> replicas with a usage gauge
+        self._config_generation = 0  # configs applied (a late tokenizer load is ignored)
         self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
         self.ejector = ReplicaEjector(
             self.metrics,
@@ -177,11 +180,34 @@ class Gateway(RequestPipeline):
         self.metrics.config_info.clear()
         self.metrics.config_info.labels(config.namespace, config.generated_at or "").set(1)
         # Load each pool's tokenizer now (not on its first request) and say which pools
-        # count prompts by the byte estimate.
+        # count prompts by the byte estimate. Loading reads and parses files (a large
+        # tokenizer.json takes a second): on a worker thread once the loop runs.
+        self._config_generation += 1
+        paths = {pool.name: pool.tokenizer_path for pool in config.pools}
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # constructing, before the loop: nothing to block yet
+            self._flag_tokenizers(self._config_generation, self._load_tokenizers(paths))
+            return
+        task = loop.create_task(self._load_tokenizers_off_loop(self._config_generation, paths))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _load_tokenizers(self, paths: dict[str, str | None]) -> dict[str, bool]:
+        return {pool: self.tokenizers.get(path) is not None for pool, path in paths.items()}
+
+    async def _load_tokenizers_off_loop(
+        self, generation: int, paths: dict[str, str | None]
+    ) -> None:
+        self._flag_tokenizers(generation, await asyncio.to_thread(self._load_tokenizers, paths))
+
+    def _flag_tokenizers(self, generation: int, loaded: dict[str, bool]) -> None:
+        """Set ``tokenizer_fallback`` per pool, unless a newer config came meanwhile."""
+        if generation != self._config_generation:
+            return
         self.metrics.tokenizer_fallback.clear()
-        for pool in config.pools:
-            loaded = self.tokenizers.get(pool.tokenizer_path) is not None
-            self.metrics.tokenizer_fallback.labels(pool.name).set(0 if loaded else 1)
+        for pool, ok in loaded.items():
+            self.metrics.tokenizer_fallback.labels(pool).set(0 if ok else 1)
 
     def _sync_runtimes(self, index: ConfigIndex) -> None:
         names = {p.name for p in index.config.pools}
@@ -197,6 +223,7 @@ class Gateway(RequestPipeline):
         for name in [n for n in self.runtimes if n not in names]:
             self.runtimes.pop(name).close()
             self.adaptations.pop(name, None)
+            self._forget_kv_usage(name, set())
         self.ejector.forget_absent()
 
     def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
@@ -229,11 +256,22 @@ class Gateway(RequestPipeline):
                 except Exception as exc:  # one bad poll must not end the watch
                     log.warning("engine poll of pool %s failed: %s", name, exc)
 
+    def _forget_kv_usage(self, pool: str, polled: set[str]) -> None:
+        """Drop the usage gauges of replicas no longer polled (gone, or not ready)."""
+        for replica in self._kv_usage_series.get(pool, set()) - polled:
+            with contextlib.suppress(KeyError):  # never set: its polls all failed
+                self.metrics.engine_kv_usage.remove(pool, replica)
+        if polled:
+            self._kv_usage_series[pool] = polled
+        else:
+            self._kv_usage_series.pop(pool, None)
+
     async def _poll_pool(self, name: str) -> None:
         runtime, adaptation = self.runtimes.get(name), self.adaptations.get(name)
         if runtime is None or adaptation is None or self._session is None:
             return
         endpoints = [e for track in runtime.pool.tracks for e in track.endpoints if e.ready]
+        self._forget_kv_usage(name, {e.name for e in endpoints})
         if not endpoints:
             return
         loads = await asyncio.gather(*(fetch_engine_load(self._session, e.url) for e in endpoints))

@@ -6,12 +6,14 @@ time to first token of each tier - and the reactions are pure decisions. This mo
 those observations into the numbers the controller and the reservation use, keeping all
 state per pool in one place with no I/O and no clock:
 
-- :meth:`PoolAdaptation.reserve`: the KV reservation of a request (never above its bound):
-  for every tier but the top one, prompt + the tier's learned output
-  (:class:`~.learning.OutputLearner`) times the pool's overcommit ratio
-  (:class:`~.learning.OvercommitRatio`). The top tier reserves its full bound: together its
-  requests never need more KV than was reserved for them, and the engine preempts the
-  lowest priority first, so a top-tier request is never the one preempted;
+- :meth:`PoolAdaptation.reserve`: the KV reservations of a request (never above its
+  bound): for every tier but the top one, prompt + the tier's learned output
+  (:class:`~.learning.OutputLearner`) while it starts inside its tier's floor, and prompt +
+  that output times the pool's overcommit ratio (:class:`~.learning.OvercommitRatio`) when
+  it starts above the floor (the controller picks: a floor is never overcommitted). The top
+  tier reserves its full bound: together its requests never need more KV than was
+  reserved for them, and the engine preempts the lowest priority first, so a top-tier
+  request is never the one preempted;
 - :meth:`PoolAdaptation.settled`: feed a finished request's generated tokens to its tier;
 - :meth:`PoolAdaptation.engines`: one poll of the engines -> the new ratio and whether
   borrowing must pause (measured usage at or above ``pause_usage``; resumes below
@@ -21,8 +23,9 @@ state per pool in one place with no I/O and no clock:
 
 Worked example (tiers interactive (top, target 0.8 s) and batch; batch has learned a
 p95 output of 64, ratio 0.8): a batch request with prompt 400 and ``max_tokens`` 120
-reserves 400 + ceil(64 x 0.8) = 452 tokens, and is charged 520; an interactive request
-with the same shape reserves its whole bound, 520 tokens.
+reserves 400 + 64 = 464 tokens inside batch's floor, 400 + ceil(64 x 0.8) = 452 above it,
+and is charged 520 either way; an interactive request with the same shape reserves its
+whole bound, 520 tokens.
 """
 
 from __future__ import annotations
@@ -89,16 +92,19 @@ class PoolAdaptation:
         return 1.0 if tier == self.top else self.ratio.value
 
     def reserve(self, tier: str, estimate: Estimate) -> Estimate:
-        """``estimate`` with its KV reservation set from what the tier's requests use."""
+        """``estimate`` with its KV reservations set from what the tier's requests use:
+        ``reserve_tokens`` (prompt + learned output) inside the tier's floor,
+        ``borrow_tokens`` (prompt + learned output x ratio) above it."""
         if not self.learn or tier == self.top:
             return estimate
         learner = self.learners.get(tier)
         if learner is None or learner.learned is None:
             return estimate
         per_sequence = learner.reserve_output(max(1, estimate.output_limit))
-        output = self.ratio.reserve(min(estimate.output_tokens, per_sequence * estimate.sequences))
+        output = min(estimate.output_tokens, per_sequence * estimate.sequences)
         tokens = min(estimate.tokens, estimate.prompt_tokens + output)
-        return replace(estimate, reserve_tokens=tokens)
+        borrow = min(tokens, estimate.prompt_tokens + self.ratio.reserve(output))
+        return replace(estimate, reserve_tokens=tokens, borrow_tokens=borrow)
 
     def settled(self, tier: str, completion_tokens: int, sequences: int) -> None:
         """A request of ``tier`` finished normally, generating ``completion_tokens``."""

@@ -10,8 +10,9 @@ while idle, plus a ``shared_*`` remainder that no tier owns. The full algorithm,
 invariants and worked examples are in docs/0003-admission.md; in short:
 
 **Accounting.** Tokens and slots are two independent dimensions, each checked the same
-way. Per tier ``t``: in use ``U_t``, floor ``F_t``, lendable ``L_t``; shared ``S``; total
-``T`` (= S + sum F). The part of ``U_t`` inside the floor is ``own_t = min(U_t, F_t)``,
+way: every figure below is an :class:`~.amount.Amount` and every comparison must hold
+in both. Per tier ``t``: in use ``U_t``, floor ``F_t``, lendable ``L_t``; shared ``S``;
+total ``T`` (= S + sum F). The part of ``U_t`` inside the floor is ``own_t = min(U_t, F_t)``,
 the rest ``over_t`` is borrowed. Borrowed capacity comes first from the shared remainder,
 then from other tiers' *idle lendable* floor ``idle_u = min(L_u, F_u - own_u)``. A state
 is **feasible** iff ``sum U <= T`` and ``max(0, sum over - S) <= sum idle``. A request is
@@ -46,9 +47,19 @@ the tier's maximum, the request is rejected at once (``rejected-deadline``, 503 
 observed the estimate is unknown and the request is queued; :meth:`expire` rejects
 queued requests whose deadline passed.
 
+**Prefill holds.** A tier with a ``ttftP95Target`` promises a fast first token, and on
+an engine a request's first token comes after one step that runs its prefill together
+with whatever else the engine scheduled: a lower tier's long prompt sent in the same
+moment makes that step (and the first token) several times slower. So from admitting
+such a request until its first token (:meth:`first_token`), or for at most the target,
+its replica takes no request of a lower tier (they start elsewhere or wait; capacity and
+floors are unaffected, only the moment they start moves). Holds chained back to back
+never keep lower tiers off a replica longer than the longest target at a time.
+
 **Lifecycle.** The I/O layer keeps one controller per pool, turns :class:`Queue` into a
 future, resolves futures from the :class:`Wakeups` every mutator returns, calls
-:meth:`release` when the response ends, the client disconnects or the engine fails
+:meth:`first_token` when a response shows its first token, :meth:`release` when the
+response ends, the client disconnects or the engine fails
 (idempotent), and calls :meth:`expire` at :meth:`next_deadline`. Nothing here reads a
 clock: ``now`` (seconds, monotonic) is passed in.
 
@@ -81,8 +92,15 @@ from collections.abc import Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.admission.fair_queue import FairQueue
-from kvpool.domain.admission.ledger import _Position, _Replica, _Reservation, _TierState, _Waiting
+from kvpool.domain.admission.ledger import (
+    _Position,
+    _Replica,
+    _Reservation,
+    _TierState,
+    _Waiting,
+)
 from kvpool.domain.admission.verdicts import (
     REASON_DEADLINE_PASSED,
     REASON_NO_PLAN,
@@ -120,7 +138,7 @@ class AdmissionController:
         self._reservations: dict[str, _Reservation] = {}
         self._tenant_inflight: dict[str, int] = {}
         self._waiting = FairQueue(self._tenant_inflight)
-        self._used_t = self._used_s = 0
+        self._used = ZERO  # reserved by every request in flight
         self._mean_hold: float | None = None
         self._preempt_admissions = 0
         self._estimate_error = 0
@@ -130,6 +148,8 @@ class AdmissionController:
         self._borrowing_paused = False  # engines report their KV cache nearly full
         self._lent_limits: dict[int, int] = {}  # protected rank -> borrowers allowed below it
         self._borrowed_by_rank: dict[int, int] = {}  # rank -> in-flight borrowed requests
+        self._longest_hold = 0.0  # the longest prefill hold of any tier (seconds)
+        self._holds_checked_at = -math.inf  # the last expire(): hold gates up to it were seen
         self._apply_plan(pool, tiers)
 
     # ------------------------------------------------------------------ public API
@@ -160,8 +180,8 @@ class AdmissionController:
                     if self._pending_since is None:
                         self._pending_since = now
             return started[0]
-        ahead_t, ahead_s = self._ahead(tier, request)
-        wait = self._expected_wait(tier, request, ahead_t, ahead_s)
+        ahead = self._ahead(tier, request)
+        wait = self._expected_wait(tier, request, ahead)
         if wait is not None and wait > tier.max_wait:
             self._waiting.unqueue(waiting)
             return Reject(
@@ -179,7 +199,7 @@ class AdmissionController:
             request_id=rid,
             tier=tier.name,
             deadline=waiting.deadline,
-            ahead_tokens=ahead_t,
+            ahead_tokens=ahead.tokens,
             estimated_wait_seconds=wait,
         )
 
@@ -200,12 +220,10 @@ class AdmissionController:
                 self._borrowed_by_rank[res.rank] = left
             else:
                 self._borrowed_by_rank.pop(res.rank, None)
-        req, tier = res.request, res.tier
-        tier.used_t -= req.tokens
-        tier.used_s -= req.slots
-        self._used_t -= req.tokens
-        self._used_s -= req.slots
-        left = tier.tenant_tokens.get(req.tenant, 0) - req.tokens
+        req, tier, held = res.request, res.tier, res.amount
+        tier.used -= held
+        self._used -= held
+        left = tier.tenant_tokens.get(req.tenant, 0) - held.tokens
         if left > 0:
             tier.tenant_tokens[req.tenant] = left
         else:
@@ -217,10 +235,11 @@ class AdmissionController:
             self._tenant_inflight.pop(req.tenant, None)
         FairQueue.touch(tier, req.tenant, self._order)
         if res.replica is not None:
-            res.replica.add(res.rank, req.tokens, req.slots, -1)
+            _drop_hold(res.replica, reservation_id)
+            res.replica.add(res.rank, held.tokens, held.slots, -1)
             if not res.replica.listed and res.replica.empty:
                 self._replicas.pop(res.replica.name, None)
-        if tier.removed and tier.used_s == 0 and tier.used_t == 0 and tier.queued_count == 0:
+        if tier.removed and tier.used.is_zero and tier.queued_count == 0:
             self._drop_tier(tier)
         hold = max(0.0, float(now - res.admitted_at))
         self._mean_hold = (
@@ -229,7 +248,7 @@ class AdmissionController:
             else (1 - EWMA_ALPHA) * self._mean_hold + EWMA_ALPHA * hold
         )
         if actual_tokens is not None:
-            self._estimate_error += req.tokens - actual_tokens
+            self._estimate_error += held.tokens - actual_tokens
             self._settled += 1
         return self._wakeups(self._dispatch(now), [])
 
@@ -244,7 +263,9 @@ class AdmissionController:
         return self._wakeups(self._dispatch(now), [])
 
     def expire(self, now: float) -> Wakeups:
-        """Reject queued requests whose deadline is <= now (``rejected-deadline``)."""
+        """Reject queued requests whose deadline is <= now (``rejected-deadline``); end
+        prefill holds that ran out."""
+        held = self._end_holds(now)
         rejected: list[Reject] = []
         for waiting in list(self._waiting.expired(now)):
             self._waiting.unqueue(waiting)
@@ -262,15 +283,56 @@ class AdmissionController:
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
                 )
             )
-        if not rejected:
+        if not rejected and not held:
             return self._wakeups([], [])
         return self._wakeups(self._dispatch(now), rejected)
+
+    def first_token(self, request_id: str, now: float) -> Wakeups:
+        """An admitted request's first token arrived: its prefill hold ends (see the module
+        docstring). Unknown ids and requests without a hold are ignored."""
+        res = self._reservations.get(request_id)
+        if res is None or res.replica is None or request_id not in res.replica.holds:
+            return self._wakeups([], [])
+        _drop_hold(res.replica, request_id)
+        return self._wakeups(self._dispatch(now), [])
+
+    def _end_holds(self, now: float) -> bool:
+        """Drop prefill holds whose time ran out; True if any did, or if a chain of holds
+        has now kept lower tiers off a replica for ``_longest_hold``."""
+        changed = False
+        for replica in self._replicas.values():
+            for rid in [rid for rid, (_, until) in replica.holds.items() if until <= now]:
+                _drop_hold(replica, rid)
+                changed = True
+            if replica.holds and replica.held_since is not None:
+                gate = replica.held_since + self._longest_hold
+                changed |= self._holds_checked_at < gate <= now
+        self._holds_checked_at = now
+        return changed
+
+    def _hold_deadline(self) -> float | None:
+        """When the first prefill hold runs out, or a chain of holds has kept lower tiers
+        off a replica long enough (each such moment is returned until :meth:`expire` saw it:
+        if nothing lower could start then, it is not a deadline any more)."""
+        times: list[float] = []
+        for replica in self._replicas.values():
+            if replica.holds:
+                times.extend(until for _, until in replica.holds.values())
+                if replica.held_since is not None:
+                    gate = replica.held_since + self._longest_hold
+                    if gate > self._holds_checked_at:
+                        times.append(gate)
+        return min(times, default=None)
 
     def next_deadline(self) -> float | None:
         """When to call :meth:`expire`: the earliest deadline of a queued request, or a past
         time (the offer's ``now``) when an offer started other requests too (rare, see the
         module docstring) so that the next :class:`Wakeups` delivers them."""
         earliest = self._waiting.earliest_deadline()
+        if self._waiting:
+            hold = self._hold_deadline()
+            if hold is not None:
+                earliest = hold if earliest is None else min(earliest, hold)
         if self._pending_since is not None:
             return self._pending_since if earliest is None else min(earliest, self._pending_since)
         return earliest
@@ -303,7 +365,7 @@ class AdmissionController:
                 )
             )
         for tier in removed:
-            if tier.used_t == 0 and tier.used_s == 0 and tier.queued_count == 0:
+            if tier.used.is_zero and tier.queued_count == 0:
                 self._drop_tier(tier)
         return self._wakeups(self._dispatch(now), rejected)
 
@@ -360,25 +422,23 @@ class AdmissionController:
 
     def snapshot(self) -> AdmissionSnapshot:
         """In-use vs plan per tier and replica, queue sizes and counters."""
-        lent_t = self._lent(tokens=True)
-        lent_s = self._lent(tokens=False)
-        pos = self._position(None, 0, 0, None)
-        over_t = sum(max(0, t.used_t - t.floor_t) for t in self._order)
-        over_s = sum(max(0, t.used_s - t.floor_s) for t in self._order)
+        lent = self._lent()
+        overcommit = self._position(None, ZERO, None).deficit.clamp0()
+        shared_used = self._shared_used()
         tiers = tuple(
             TierUsage(
                 tier=t.name,
                 rank=t.rank,
-                in_use_tokens=t.used_t,
-                in_use_slots=t.used_s,
-                floor_tokens=t.floor_t,
-                floor_slots=t.floor_s,
-                borrowed_tokens=max(0, t.used_t - t.floor_t),
-                borrowed_slots=max(0, t.used_s - t.floor_s),
-                lent_tokens=lent_t.get(t.name, 0),
-                lent_slots=lent_s.get(t.name, 0),
+                in_use_tokens=t.used.tokens,
+                in_use_slots=t.used.slots,
+                floor_tokens=t.floor.tokens,
+                floor_slots=t.floor.slots,
+                borrowed_tokens=(t.used - t.floor).clamp0().tokens,
+                borrowed_slots=(t.used - t.floor).clamp0().slots,
+                lent_tokens=lent.get(t.name, ZERO).tokens,
+                lent_slots=lent.get(t.name, ZERO).slots,
                 queued_requests=t.queued_count,
-                queued_tokens=t.queued_t,
+                queued_tokens=t.queued.tokens,
             )
             for t in self._order
         )
@@ -398,12 +458,12 @@ class AdmissionController:
             pool=self._pool.name,
             total_tokens=self._pool.total_tokens,
             total_slots=self._pool.total_slots,
-            in_use_tokens=self._used_t,
-            in_use_slots=self._used_s,
-            shared_used_tokens=min(over_t, max(0, self._pool.shared_tokens)),
-            shared_used_slots=min(over_s, max(0, self._pool.shared_slots)),
-            overcommit_tokens=max(0, pos.deficit_t),
-            overcommit_slots=max(0, pos.deficit_s),
+            in_use_tokens=self._used.tokens,
+            in_use_slots=self._used.slots,
+            shared_used_tokens=shared_used.tokens,
+            shared_used_slots=shared_used.slots,
+            overcommit_tokens=overcommit.tokens,
+            overcommit_slots=overcommit.slots,
             tiers=tiers,
             replicas=replicas,
             in_flight=len(self._reservations),
@@ -427,6 +487,9 @@ class AdmissionController:
     def _apply_plan(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> list[_TierState]:
         """Install a plan; returns the tier states that left the policy."""
         self._pool = pool
+        self._total = Amount(pool.total_tokens, pool.total_slots)
+        self._shared = Amount(pool.shared_tokens, pool.shared_slots).clamp0()  # no tier's
+        self._per_replica = Amount(pool.tokens_per_replica, pool.slots_per_replica)
         names = {t.name for t in tiers}
         for tier in tiers:
             self._tiers.setdefault(tier.name, _TierState(tier.name)).configure(tier, pool)
@@ -439,6 +502,7 @@ class AdmissionController:
         for offset, state in enumerate(retired):
             state.rank = base + offset
         self._order = sorted(self._tiers.values(), key=lambda s: s.rank)
+        self._longest_hold = max((t.prefill_hold for t in self._order), default=0.0)
         for state in self._order:
             state.head_valid = False
         listed: set[str] = set()
@@ -507,42 +571,37 @@ class AdmissionController:
             )
         return None
 
-    def _ceiling(self, tier: _TierState) -> tuple[int, int]:
+    def _ceiling(self, tier: _TierState) -> Amount:
         """The most one request of ``tier`` could ever hold in an otherwise idle pool."""
-        pool = self._pool
-        others_t = sum(t.lend_t for t in self._order if t is not tier)
-        others_s = sum(t.lend_s for t in self._order if t is not tier)
-        cap_t = min(pool.total_tokens, tier.floor_t + max(0, pool.shared_tokens) + others_t)
-        cap_s = min(pool.total_slots, tier.floor_s + max(0, pool.shared_slots) + others_s)
+        others = sum((t.lend for t in self._order if t is not tier), ZERO)
+        cap = self._total.min(tier.floor + self._shared + others)
         if self._replicas:
-            cap_t = min(cap_t, pool.tokens_per_replica)
-            cap_s = min(cap_s, pool.slots_per_replica)
-        return cap_t, cap_s
+            cap = cap.min(self._per_replica)
+        return cap
 
     def _never_fits(self, request: AdmissionRequest, tier: _TierState) -> bool:
-        cap_t, cap_s = self._ceiling(tier)
-        return request.tokens > cap_t or request.slots > cap_s
+        smallest = Amount(request.borrowing_tokens, request.slots)
+        return not smallest.fits_in(self._ceiling(tier))
 
     def _too_large_message(self, request: AdmissionRequest, tier: _TierState) -> str:
-        cap_t, cap_s = self._ceiling(tier)
+        cap = self._ceiling(tier)
         return (
-            f"the request needs {request.tokens} KV tokens and {request.slots} slot(s); tier "
-            f"{tier.name!r} of pool {self._pool.name!r} can hold at most {cap_t} tokens and "
-            f"{cap_s} slots for one request"
+            f"the request needs {request.borrowing_tokens} KV tokens and {request.slots} "
+            f"slot(s); tier {tier.name!r} of pool {self._pool.name!r} can hold at most "
+            f"{cap.tokens} tokens and {cap.slots} slots for one request"
         )
 
-    def _ahead(self, tier: _TierState, request: AdmissionRequest) -> tuple[int, int]:
-        """Tokens and slots queued ahead of a new request (its tier and higher tiers)."""
-        ahead_t = ahead_s = 0
+    def _ahead(self, tier: _TierState, request: AdmissionRequest) -> Amount:
+        """What is queued ahead of a new request (its tier and higher tiers)."""
+        ahead = ZERO
         for t in self._order:
             if t.rank > tier.rank:
                 break
-            ahead_t += t.queued_t
-            ahead_s += t.queued_s
-        return ahead_t - request.tokens, ahead_s - request.slots
+            ahead += t.queued
+        return ahead - request.amount
 
     def _expected_wait(
-        self, tier: _TierState, request: AdmissionRequest, ahead_t: int, ahead_s: int
+        self, tier: _TierState, request: AdmissionRequest, ahead: Amount
     ) -> float | None:
         """Seconds until enough is released for the queue ahead and this request (None: unknown).
 
@@ -554,20 +613,20 @@ class AdmissionController:
         hold = self._mean_hold
         if hold is None or hold <= 0:
             return None
-        free_t = max(0, self._pool.total_tokens - self._used_t)
-        free_s = max(0, self._pool.total_slots - self._used_s)
-        needs = [
-            (max(0, ahead_t + request.tokens - free_t), self._used_t),
-            (max(0, ahead_s + request.slots - free_s), self._used_s),
-        ]
+        free = (self._total - self._used).clamp0()
+        needs = [((ahead + request.amount - free).clamp0(), self._used)]
         if any(t.queued_count for t in self._order if t.rank < tier.rank):
-            needs += [(tier.queued_t, tier.used_t), (tier.queued_s, tier.used_s)]
+            needs.append((tier.queued, tier.used))
         wait = 0.0
-        for need, used in needs:
-            if need > 0:
-                if used <= 0:
-                    return None  # nothing in flight to drain: the deadline decides
-                wait = max(wait, need * hold / used)
+        for need_amount, used_amount in needs:
+            for need, used in (
+                (need_amount.tokens, used_amount.tokens),
+                (need_amount.slots, used_amount.slots),
+            ):
+                if need > 0:
+                    if used <= 0:
+                        return None  # nothing in flight to drain: the deadline decides
+                    wait = max(wait, need * hold / used)
         return wait
 
     # ------------------------------------------------------------------ feasibility
@@ -575,69 +634,49 @@ class AdmissionController:
     def _position(
         self,
         tier: _TierState | None,
-        tokens: int,
-        slots: int,
-        wants: dict[str, tuple[int, int]] | None,
+        size: Amount,
+        wants: dict[str, Amount] | None,
     ) -> _Position:
-        """The state with a request added to ``tier``: deficit <= 0 means feasible.
+        """The state with a request of ``size`` added to ``tier``: feasible iff the deficit
+        is <= 0 in both dimensions.
 
-        ``wants`` (tier -> tokens, slots) hold back part of a tier's idle floor from
-        borrowers: a tier waiting for its own floor does not lend it out again.
+        ``wants`` (tier -> what its next request needs) hold back part of a tier's idle
+        floor from borrowers: a tier waiting for its own floor does not lend it out again.
         """
-        pool = self._pool
-        def_t = self._used_t + tokens - pool.total_tokens
-        def_s = self._used_s + slots - pool.total_slots
-        over_t = over_s = idle_t = idle_s = lower_t = lower_s = 0
+        deficit = self._used + size - self._total
+        over = idle = lower = ZERO
         for t in self._order:
-            ut, us = t.used_t, t.used_s
-            if t is tier:
-                ut += tokens
-                us += slots
-            own_t = ut if ut < t.floor_t else t.floor_t
-            own_s = us if us < t.floor_s else t.floor_s
-            over_t += ut - own_t
-            over_s += us - own_s
+            used = t.used + size if t is tier else t.used
+            own = used.min(t.floor)
+            over += used - own
             if tier is not None and t.rank > tier.rank:
-                lower_t += ut - own_t
-                lower_s += us - own_s
+                lower += used - own
             if wants is not None and t is not tier and t.name in wants:
                 # held for the tier's next request as if it were running already
-                want_t, want_s = wants[t.name]
-                ut += want_t
-                us += want_s
-                def_t += want_t
-                def_s += want_s
-                own_t = ut if ut < t.floor_t else t.floor_t
-                own_s = us if us < t.floor_s else t.floor_s
-                over_t += ut - own_t - (t.used_t - min(t.used_t, t.floor_t))
-                over_s += us - own_s - (t.used_s - min(t.used_s, t.floor_s))
-            free_t = t.floor_t - own_t
-            free_s = t.floor_s - own_s
-            idle_t += t.lend_t if t.lend_t < free_t else free_t
-            idle_s += t.lend_s if t.lend_s < free_s else free_s
-        def_t = max(def_t, over_t - max(0, pool.shared_tokens) - idle_t)
-        def_s = max(def_s, over_s - max(0, pool.shared_slots) - idle_s)
-        return _Position(def_t, def_s, lower_t, lower_s)
+                want = wants[t.name]
+                over -= used - own
+                used += want
+                deficit += want
+                own = used.min(t.floor)
+                over += used - own
+            idle += t.lend.min(t.floor - own)
+        return _Position(deficit.max(over - self._shared - idle), lower)
 
-    def _lent(self, *, tokens: bool) -> dict[str, int]:
+    def _lent(self) -> dict[str, Amount]:
         """Who lends what to borrowers: lowest-priority lenders first (accounting only)."""
-        shared = max(0, self._pool.shared_tokens if tokens else self._pool.shared_slots)
-        over = 0
-        free: list[tuple[_TierState, int]] = []
+        over = ZERO
+        idle: list[tuple[_TierState, Amount]] = []
         for t in self._order:
-            used, floor, lend = (
-                (t.used_t, t.floor_t, t.lend_t) if tokens else (t.used_s, t.floor_s, t.lend_s)
-            )
-            own = min(used, floor)
-            over += used - own
-            free.append((t, min(lend, floor - own)))
-        need = max(0, over - shared)
-        lent: dict[str, int] = {}
-        for t, idle in reversed(free):
-            if need <= 0:
+            own = t.used.min(t.floor)
+            over += t.used - own
+            idle.append((t, t.lend.min(t.floor - own)))
+        need = (over - self._shared).clamp0()
+        lent: dict[str, Amount] = {}
+        for t, free in reversed(idle):
+            if need.is_zero:
                 break
-            give = min(need, idle)
-            if give > 0:
+            give = need.min(free).clamp0()
+            if not give.is_zero:
                 lent[t.name] = give
                 need -= give
         return lent
@@ -669,7 +708,7 @@ class AdmissionController:
         if not self._waiting:
             return admitted
         heads: dict[str, _Waiting | None] = {}
-        wants: dict[str, tuple[int, int]] | None = None  # built on the first borrowing check
+        wants: dict[str, Amount] | None = None  # built on the first borrowing check
         borrowing_closed = False
         for tier in self._order:
             if only is not None and tier.rank > only.tier.rank:
@@ -693,19 +732,19 @@ class AdmissionController:
                 if wants is not None:
                     wants.pop(tier.name, None)
                     if head is not None and self._within_floor(tier, head.request):
-                        wants[tier.name] = (head.request.tokens, head.request.slots)
+                        wants[tier.name] = head.request.amount
         return admitted
 
-    def _wants(self, heads: dict[str, _Waiting | None]) -> dict[str, tuple[int, int]]:
+    def _wants(self, heads: dict[str, _Waiting | None]) -> dict[str, Amount]:
         """Per tier, what its next request needs within its own floor (held from borrowers)."""
-        wants: dict[str, tuple[int, int]] = {}
+        wants: dict[str, Amount] = {}
         for tier in self._order:
             if tier.name in heads:
                 head = heads[tier.name]
             else:
                 head = heads[tier.name] = self._waiting.head(tier) if tier.queues else None
             if head is not None and self._within_floor(tier, head.request):
-                wants[tier.name] = (head.request.tokens, head.request.slots)
+                wants[tier.name] = head.request.amount
         return wants
 
     @staticmethod
@@ -714,54 +753,55 @@ class AdmissionController:
         the floor, or the tier has a floor and nothing running (a floor always holds one
         request, whatever its size: the part above the floor is borrowed, but it goes
         before every borrower - the tier would otherwise starve behind busier tiers)."""
-        return (
-            tier.used_t + request.tokens <= tier.floor_t
-            and tier.used_s + request.slots <= tier.floor_s
-        ) or (tier.floor_t > 0 and tier.floor_s > 0 and tier.used_s == 0 and tier.used_t == 0)
+        return (tier.used + request.amount).fits_in(tier.floor) or (
+            tier.floor.tokens > 0 and tier.floor.slots > 0 and tier.used.is_zero
+        )
 
     @staticmethod
     def _inside_floor(tier: _TierState, request: AdmissionRequest) -> bool:
         """Whether the request fits entirely inside what is left of the tier's floor."""
-        return (
-            tier.used_t + request.tokens <= tier.floor_t
-            and tier.used_s + request.slots <= tier.floor_s
-        )
+        return (tier.used + request.amount).fits_in(tier.floor)
 
     def _try_start(
         self,
         tier: _TierState,
         waiting: _Waiting,
         within: bool,
-        wants: dict[str, tuple[int, int]] | None,
+        wants: dict[str, Amount] | None,
         now: float,
     ) -> Admit | None:
         req = waiting.request
         inside = self._inside_floor(tier, req)
         if not within and self._lending_blocked(tier):
             return None
-        pos = self._position(tier, req.tokens, req.slots, None if within else wants)
+        # inside its floor a request reserves its whole (learned) need; above it, what the
+        # pool's overcommit ratio says (AdmissionRequest.borrow_tokens)
+        size = req.amount if inside else Amount(req.borrowing_tokens, req.slots)
+        pos = self._position(tier, size, None if within else wants)
         preempts = False
-        if pos.deficit_t > 0 or pos.deficit_s > 0:
+        if not pos.feasible:
             if not (
                 within
-                and self._inside_floor(tier, req)
+                and inside
                 and tier.reclaim == "Preempt"
-                and pos.deficit_t <= pos.lower_over_t
-                and pos.deficit_s <= pos.lower_over_s
+                and pos.deficit.fits_in(pos.lower_over)
             ):
                 return None
             preempts = True
         replica: _Replica | None = None
         if self._replicas:
+            open_replicas = [
+                r
+                for r in self._replicas.values()
+                if not r.held_for(tier.rank, now, self._longest_hold)
+            ]
             views: Sequence[ReplicaView] = (
-                [r.load(tier.rank) for r in self._replicas.values()]
-                if preempts
-                else list(self._replicas.values())
+                [r.load(tier.rank) for r in open_replicas] if preempts else open_replicas
             )
             choice = decide_replica(
                 views,
-                tokens=req.tokens,
-                slots=req.slots,
+                tokens=size.tokens,
+                slots=size.slots,
                 tokens_per_replica=self._pool.tokens_per_replica,
                 slots_per_replica=self._pool.slots_per_replica,
                 track=req.track,
@@ -772,16 +812,16 @@ class AdmissionController:
             replica = self._replicas[choice.name]
         borrowed_from: tuple[str, ...] = ()
         if not inside:
-            borrowed_from = self._borrow_sources(tier, req)
-        self._commit(tier, waiting, replica, now, borrowed=not within)
+            borrowed_from = self._borrow_sources(tier, size)
+        self._commit(tier, waiting, size, replica, now, borrowed=not within)
         if preempts:
             self._preempt_admissions += 1
         return Admit(
             request_id=req.request_id,
             tenant=req.tenant,
             tier=tier.name,
-            tokens=req.tokens,
-            slots=req.slots,
+            tokens=size.tokens,
+            slots=size.slots,
             outcome="admitted" if inside else "borrowed",
             borrowed_from=borrowed_from,
             replica=replica.name if replica else None,
@@ -792,39 +832,31 @@ class AdmissionController:
             engine_priority=tier.engine_priority,
         )
 
-    def _borrow_sources(self, tier: _TierState, req: AdmissionRequest) -> tuple[str, ...]:
+    def _borrow_sources(self, tier: _TierState, size: Amount) -> tuple[str, ...]:
         """Who lends to this borrowing request: the shared remainder and/or tier floors."""
-        lent_before = (self._lent(tokens=True), self._lent(tokens=False))
-        shared_before = self._shared_used()
-        tier.used_t += req.tokens
-        tier.used_s += req.slots
-        lent_after = (self._lent(tokens=True), self._lent(tokens=False))
-        shared_after = self._shared_used()
-        tier.used_t -= req.tokens
-        tier.used_s -= req.slots
+        lent_before, shared_before = self._lent(), self._shared_used()
+        tier.used += size
+        lent_after, shared_after = self._lent(), self._shared_used()
+        tier.used -= size
         sources: list[str] = []
-        if shared_after[0] > shared_before[0] or shared_after[1] > shared_before[1]:
+        if not shared_after.fits_in(shared_before):
             sources.append(SHARED)
         for t in self._order:
-            if t is not tier and any(
-                after.get(t.name, 0) > before.get(t.name, 0)
-                for before, after in zip(lent_before, lent_after, strict=True)
+            if t is not tier and not lent_after.get(t.name, ZERO).fits_in(
+                lent_before.get(t.name, ZERO)
             ):
                 sources.append(t.name)
         return tuple(sources)
 
-    def _shared_used(self) -> tuple[int, int]:
-        over_t = sum(max(0, t.used_t - t.floor_t) for t in self._order)
-        over_s = sum(max(0, t.used_s - t.floor_s) for t in self._order)
-        return (
-            min(over_t, max(0, self._pool.shared_tokens)),
-            min(over_s, max(0, self._pool.shared_slots)),
-        )
+    def _shared_used(self) -> Amount:
+        over = sum(((t.used - t.floor).clamp0() for t in self._order), ZERO)
+        return over.min(self._shared)
 
     def _commit(
         self,
         tier: _TierState,
         waiting: _Waiting,
+        size: Amount,
         replica: _Replica | None,
         now: float,
         *,
@@ -832,17 +864,21 @@ class AdmissionController:
     ) -> None:
         req = waiting.request
         self._waiting.unqueue(waiting)
-        tier.used_t += req.tokens
-        tier.used_s += req.slots
-        self._used_t += req.tokens
-        self._used_s += req.slots
-        tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + req.tokens
+        tier.used += size
+        self._used += size
+        tier.tenant_tokens[req.tenant] = tier.tenant_tokens.get(req.tenant, 0) + size.tokens
         self._tenant_inflight[req.tenant] = self._tenant_inflight.get(req.tenant, 0) + 1
         FairQueue.touch(tier, req.tenant, self._order)
         if replica is not None:
-            replica.add(tier.rank, req.tokens, req.slots, +1)
+            replica.add(tier.rank, size.tokens, size.slots, +1)
+            if any(rank < tier.rank for rank, _ in replica.holds.values()):
+                replica.held_since = now  # let through past a chain of holds: hold again
+            if tier.prefill_hold > 0:
+                if not replica.holds:
+                    replica.held_since = now
+                replica.holds[req.request_id] = (tier.rank, now + tier.prefill_hold)
         self._reservations[req.request_id] = _Reservation(
-            req, tier, now, replica, tier.rank, borrowed
+            req, tier, size, now, replica, tier.rank, borrowed
         )
         if borrowed:
             self._borrowed_by_rank[tier.rank] = self._borrowed_by_rank.get(tier.rank, 0) + 1
@@ -852,6 +888,11 @@ class AdmissionController:
             admitted = self._pending + admitted
             self._pending, self._pending_since = [], None
         return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
+
+
+def _drop_hold(replica: _Replica, request_id: str) -> None:
+    if replica.holds.pop(request_id, None) is not None and not replica.holds:
+        replica.held_since = None
 
 
 def _retry_after(seconds: float) -> float:

@@ -53,8 +53,7 @@ class FairQueue:
         req, tier = waiting.request, waiting.tier
         self._waiting[req.request_id] = waiting
         tier.queues.setdefault(req.tenant, deque()).append(waiting)
-        tier.queued_t += req.tokens
-        tier.queued_s += req.slots
+        tier.queued += req.amount
         tier.queued_count += 1
         heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
         tier.head_valid = False
@@ -66,8 +65,7 @@ class FairQueue:
         waiting.alive = False
         req, tier = waiting.request, waiting.tier
         del self._waiting[req.request_id]
-        tier.queued_t -= req.tokens
-        tier.queued_s -= req.slots
+        tier.queued -= req.amount
         tier.queued_count -= 1
         queue = tier.queues.get(req.tenant)
         if queue is not None:

@@ -11,11 +11,13 @@ per sequence) in a sliding window; once ``min_samples`` are known, a request res
 ``min(its bound, the window's q-quantile)`` output tokens per sequence, never more than its
 own bound. Before that it reserves the bound.
 
-**OvercommitRatio** (per pool): the fraction of the learned output that *lower* tiers
-reserve. It starts at 1 (no overcommit), creeps down by ``step`` on every engine poll that
-saw no preemption, to at least ``minimum``, and jumps back up by ``backoff`` on every poll
-that saw one (the known practice of SGLang's ``new_token_ratio``, which retracts and raises
-the ratio when the cache runs out). The top tier always reserves its full learned output:
+**OvercommitRatio** (per pool): the fraction of the learned output that requests of
+*lower* tiers reserve when they start above their tier's floor (on borrowed or shared
+capacity; inside its floor a request reserves its whole learned output). It starts at 1
+(no overcommit), creeps down by ``step`` on every engine poll that saw no preemption, to
+at least ``minimum``, and jumps back up by ``backoff`` on every poll that saw one (the
+known practice of SGLang's ``new_token_ratio``, which retracts and raises the ratio when
+the cache runs out). The top tier always reserves its full learned output:
 its requests run at the highest engine priority and are never the ones preempted.
 
 Worked example (q 0.95, window 200, min 20; bound 120, outputs of batch all <= 64):

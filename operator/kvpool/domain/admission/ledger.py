@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.admission.verdicts import AdmissionRequest
 from kvpool.domain.routing import ReplicaLoad
 
@@ -20,24 +21,21 @@ class _TierState:
 
     __slots__ = (
         "engine_priority",
-        "floor_s",
-        "floor_t",
+        "floor",
         "head",
         "head_valid",
-        "lend_s",
-        "lend_t",
+        "lend",
         "max_wait",
         "name",
+        "prefill_hold",
+        "queued",
         "queued_count",
-        "queued_s",
-        "queued_t",
         "queues",
         "rank",
         "reclaim",
         "removed",
         "tenant_tokens",
-        "used_s",
-        "used_t",
+        "used",
     )
 
     def __init__(self, name: str) -> None:
@@ -47,9 +45,12 @@ class _TierState:
         self.max_wait = 0.0
         self.reclaim = "Wait"
         self.removed = False
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
-        self.used_t = self.used_s = 0
-        self.queued_t = self.queued_s = self.queued_count = 0
+        self.prefill_hold = 0.0  # seconds a request of this tier holds lower tiers off its replica
+        self.floor = ZERO  # guaranteed to the tier
+        self.lend = ZERO  # the part of the floor others may borrow while it is idle
+        self.used = ZERO  # reserved by the tier's requests in flight
+        self.queued = ZERO  # what its waiting requests need
+        self.queued_count = 0
         self.queues: dict[str, deque[_Waiting]] = {}
         self.tenant_tokens: dict[str, int] = {}
         self.head: _Waiting | None = None  # cached fairness pick (see _head)
@@ -62,15 +63,18 @@ class _TierState:
         self.max_wait = max(0.0, tier.max_queue_wait_seconds)
         self.reclaim = tier.reclaim
         self.removed = False
-        self.floor_t = alloc.floor_tokens if alloc else 0
-        self.floor_s = alloc.floor_slots if alloc else 0
-        self.lend_t = min(self.floor_t, alloc.lendable_tokens) if alloc else 0
-        self.lend_s = min(self.floor_s, alloc.lendable_slots) if alloc else 0
+        self.prefill_hold = max(0.0, tier.ttft_p95_target_seconds or 0.0)
+        if alloc is None:
+            self.floor = self.lend = ZERO
+        else:
+            self.floor = Amount(alloc.floor_tokens, alloc.floor_slots)
+            self.lend = Amount(alloc.lendable_tokens, alloc.lendable_slots).min(self.floor)
 
     def retire(self) -> None:
         """The tier left the policy: keep its reservations, guarantee it nothing."""
         self.removed = True
-        self.floor_t = self.floor_s = self.lend_t = self.lend_s = 0
+        self.prefill_hold = 0.0
+        self.floor = self.lend = ZERO
 
 
 @dataclass
@@ -87,6 +91,17 @@ class _Replica:
     by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
     preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
     preemptible_slots: int = 0
+    # prefill holds: request id -> (its tier's rank, until when); lower ranks wait meanwhile
+    holds: dict[str, tuple[int, float]] = field(default_factory=dict)
+    held_since: float | None = None  # lower tiers were last let through (or first held) then
+
+    def held_for(self, rank: int, now: float, longest: float) -> bool:
+        """Whether a request of ``rank`` must not start here now: a request of a higher
+        tier is in its prefill. Holds chained back to back never keep lower tiers off
+        longer than ``longest`` (the longest hold) at a time."""
+        if not any(r < rank for r, _ in self.holds.values()):
+            return False
+        return self.held_since is None or now < self.held_since + longest
 
     @property
     def ready(self) -> bool:
@@ -127,6 +142,7 @@ class _Replica:
 class _Reservation:
     request: AdmissionRequest
     tier: _TierState
+    amount: Amount  # what it holds: its whole need inside its floor, else borrow_tokens
     admitted_at: float
     replica: _Replica | None
     rank: int  # rank at admission (replica per-rank accounting)
@@ -147,7 +163,9 @@ class _Waiting:
 class _Position:
     """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
 
-    deficit_t: int
-    deficit_s: int
-    lower_over_t: int  # capacity lower-priority tiers hold above their floors
-    lower_over_s: int
+    deficit: Amount
+    lower_over: Amount  # capacity lower-priority tiers hold above their floors
+
+    @property
+    def feasible(self) -> bool:
+        return self.deficit.fits_in(ZERO)

@@ -46,11 +46,20 @@ class AdmissionRequest:
     weight: int = 1  # tenant fair-share weight within the tier
     max_concurrency: int | None = None  # tenant's max in-flight requests in this pool
     track: str | None = None  # "stable"/"canary" from decide_track; None = any replica
+    borrow_tokens: int | None = None  # KV tokens when it starts above its floor (None: tokens)
 
     @property
     def amount(self) -> Amount:
-        """What the request reserves."""
+        """What the request reserves inside its tier's floor."""
         return Amount(self.tokens, self.slots)
+
+    @property
+    def borrowing_tokens(self) -> int:
+        """KV tokens it reserves when it starts above its tier's floor (never more than
+        :attr:`tokens`): the overcommitted reservation of :mod:`.adaptation`."""
+        if self.borrow_tokens is None:
+            return self.tokens
+        return max(0, min(self.tokens, self.borrow_tokens))
 
 
 def build_admission_request(
@@ -70,6 +79,7 @@ def build_admission_request(
         weight=max(1, tenant.weight),
         max_concurrency=tenant.max_concurrency,
         track=track,
+        borrow_tokens=estimate.borrow_tokens,
     )
 
 
