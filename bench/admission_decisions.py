@@ -43,12 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.admission_builders import (
-    PoolBuilder,
-    make_policy,
-    make_rule,
-    make_tenant,
-)
+from tests.builders import CompiledPoolBuilder, compiled_policy, compiled_rule, compiled_tenant
 
 from kvpool.api.admission_config import CompiledPool, CompiledTenant, CompiledTierPolicy
 from kvpool.domain.admission import AdmissionController, AdmissionRequest, Admit
@@ -75,9 +70,9 @@ class Arrival:
     draw: float
 
 
-def build_pool() -> tuple[CompiledPool, PoolBuilder]:
+def build_pool() -> tuple[CompiledPool, CompiledPoolBuilder]:
     builder = (
-        PoolBuilder(name="llama-8b", max_model_len=8192, output_p95=1024)
+        CompiledPoolBuilder(name="llama-8b", max_model_len=8192, output_p95=1024)
         .capacity(4 * 16384, 4 * 16)
         .tier("interactive", 19660, 19, wait=2.0)
         .tier("standard", 13107, 12, wait=10.0)
@@ -90,12 +85,12 @@ def build_pool() -> tuple[CompiledPool, PoolBuilder]:
 
 
 def build_policy() -> CompiledTierPolicy:
-    return make_policy(
+    return compiled_policy(
         TIERS,
         [
-            make_rule("interactive", path_prefix="/v1/chat", labels={"plan": "gold"}),
-            make_rule("standard", path_prefix="/v1/chat"),
-            make_rule("standard", path_prefix="/v1/completions"),
+            compiled_rule("interactive", path_prefix="/v1/chat", labels={"plan": "gold"}),
+            compiled_rule("standard", path_prefix="/v1/chat"),
+            compiled_rule("standard", path_prefix="/v1/completions"),
         ],
     )
 
@@ -104,7 +99,7 @@ def build_stream(count: int, seed: int) -> list[Arrival]:
     """Seeded arrivals: Poisson at LOAD x what the pool can serve, so queues form."""
     rng = random.Random(seed)
     tenants = [
-        make_tenant(
+        compiled_tenant(
             f"tenant-{i}",
             TIERS,
             labels={"plan": "gold" if i % 3 == 0 else "silver"},
@@ -219,7 +214,7 @@ def run_naive(stream: list[Arrival], pool: CompiledPool) -> dict[str, object]:
     return summarize("naive FIFO (baseline)", len(stream), cpu, latencies, outcomes)
 
 
-def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: PoolBuilder, full: bool):
+def run_kvpool(stream: list[Arrival], pool: CompiledPool, builder: CompiledPoolBuilder, full: bool):
     policy = build_policy()
     controller = AdmissionController(pool, builder.tiers())
     outcomes: Counter[str] = Counter()

@@ -47,7 +47,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gateway_builders import ConfigBuilder, GatewayProcess, serve_fake_engine
+from tests.builders import AdmissionConfigBuilder
+from tests.support.gateway import GatewayProcess, serve_fake_engine
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, redis_binary
 
@@ -78,10 +79,10 @@ def tiny_tokenizer() -> str | None:
     return str(found[0]) if found else None
 
 
-def bench_config(engine_url: str, tokenizer: str | None = None) -> ConfigBuilder:
+def bench_config(engine_url: str, tokenizer: str | None = None) -> AdmissionConfigBuilder:
     """One pool big enough that admission never queues: we measure overhead, not policy."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=30.0)
         .tier("batch", floor=30, wait=30.0)
         .rule("interactive", path_prefix="/v1/chat")

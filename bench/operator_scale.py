@@ -38,8 +38,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.builders import make_policy, make_pool  # noqa: E402
-from tests.operator_builders import make_budget, make_secret  # noqa: E402
+from tests.builders import (  # noqa: E402
+    apikey_secret_manifest,
+    modelpool_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 
 from benchkit import write_results  # noqa: E402
 from kvpool.api.modelpool import ModelPool  # noqa: E402
@@ -70,7 +74,7 @@ def build_objects(pools: int, tenants: int, namespaces: int) -> dict[str, list[d
     for n in range(namespaces):
         ns = f"team-{n:02d}"
         out["policies"].append(
-            make_policy("tiers", ns)
+            tierpolicy_manifest("tiers", ns)
             .tier("interactive", floor=40, max_wait="2s")
             .tier("standard", floor=25, lend=50, max_wait="10s")
             .tier("batch", floor=15, max_wait="5m")
@@ -81,7 +85,7 @@ def build_objects(pools: int, tenants: int, namespaces: int) -> dict[str, list[d
     for i in range(pools):
         ns = f"team-{i % namespaces:02d}"
         out["pools"].append(
-            make_pool(f"pool-{i:04d}", ns)
+            modelpool_manifest(f"pool-{i:04d}", ns)
             .lengths((200 + i % 7 * 50, 1000 + i % 5 * 200), (100, 400 + i % 3 * 100))
             .peak(interactive=10 + i % 40, standard=5 + i % 20, batch=i % 30, eval=1)
             .replicas(1, 16)
@@ -93,13 +97,13 @@ def build_objects(pools: int, tenants: int, namespaces: int) -> dict[str, list[d
         name = f"tenant-{t:05d}"
         tiers = [TIERS[t % 4], TIERS[(t + 1) % 4]] if t % 4 != 3 else ["eval"]
         out["budgets"].append(
-            make_budget(name, ns)
+            tenantbudget_manifest(name, ns)
             .tiers(*sorted(set(tiers)))
             .limit("1h", 100_000)
             .limit("1d", 1_000_000)
             .dict()
         )
-        out["secrets"].append(make_secret(f"{name}-key", "api-key", f"sk-{name}", ns))
+        out["secrets"].append(apikey_secret_manifest(f"{name}-key", "api-key", f"sk-{name}", ns))
     return out
 
 
@@ -160,8 +164,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def bench_operator(objs: dict[str, list[dict[str, Any]]], timeout: float) -> dict[str, Any]:
-    from tests.operator_process import OperatorProcess, wait_until
+    from tests.operator_process import OperatorProcess
     from tests.support.kube import resource_path, start_kube_api
+    from tests.support.waiting import wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))
     with start_kube_api(workdir) as kube:

@@ -67,8 +67,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, VllmEngine
+from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
 from benchkit import machine_info, percentile, pin_process, words_text, write_results
@@ -378,9 +379,9 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def gateway_config(engine: VllmEngine) -> ConfigBuilder:
+def gateway_config(engine: VllmEngine) -> AdmissionConfigBuilder:
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=40, lend=0, wait=5.0)
         .tier("batch", floor=BATCH_FLOOR_PERCENT, lend=100, wait=60.0)
         .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})

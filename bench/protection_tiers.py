@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from tests.gateway_builders import ConfigBuilder, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, VllmEngine
+from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
 from benchkit import percentile, pin_process, words_text
@@ -283,10 +284,10 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def gateway_config(engine: VllmEngine, ttft_target: float | None) -> ConfigBuilder:
+def gateway_config(engine: VllmEngine, ttft_target: float | None) -> AdmissionConfigBuilder:
     """examples/tierpolicy.yaml as the gateway compiles it, on one replica."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier(
             "interactive",
             floor=50,

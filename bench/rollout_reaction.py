@@ -78,8 +78,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.builders import make_policy, make_pool  # noqa: E402
-from tests.operator_builders import make_budget, make_secret  # noqa: E402
+from tests.builders import (  # noqa: E402
+    apikey_secret_manifest,
+    modelpool_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 from tests.support.engine import EngineConfig, VllmEngine  # noqa: E402
 from tests.support.kube import KubeApi, resource_path, start_kube_api  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -117,7 +121,7 @@ def _stable_measured(
 
 def _pool_doc(stable_url: str) -> dict[str, Any]:
     doc = (
-        make_pool("chat")
+        modelpool_manifest("chat")
         .lengths((50, 100), (16, 32))
         .engine(maxNumSeqs=8, maxModelLen=512)
         .replicas(1, 1)
@@ -171,7 +175,7 @@ def run_kv(rounds: int, workdir: Path) -> dict[str, Any]:
         prom = PrometheusServer(workdir / "prom")
         stack.callback(prom.stop)
         prom.start()
-        policy = make_policy().tier("interactive", floor=50).tier("batch", floor=40)
+        policy = tierpolicy_manifest().tier("interactive", floor=50).tier("batch", floor=40)
         kube.client.create(
             resource_path("kvpool.dev/v1alpha1", "tierpolicies", "default"), policy.dict()
         )
@@ -384,14 +388,18 @@ class _Load:
 def _ttft_setup(kube: KubeApi, stable_url: str) -> dict[str, Any]:
     """Interactive tier (Host chat.local) and batch, a tenant, a pool with a TTFT gate."""
     kube.client.create(
-        resource_path("v1", "secrets", "default"), make_secret("bench-key", "api-key", API_KEY)
+        resource_path("v1", "secrets", "default"),
+        apikey_secret_manifest("bench-key", "api-key", API_KEY),
     )
     kube.client.create(
         resource_path("kvpool.dev/v1alpha1", "tenantbudgets", "default"),
-        make_budget("bench").tiers("interactive", "batch").limit("1h", 100_000_000).dict(),
+        tenantbudget_manifest("bench")
+        .tiers("interactive", "batch")
+        .limit("1h", 100_000_000)
+        .dict(),
     )
     policy = (
-        make_policy()
+        tierpolicy_manifest()
         .tier("interactive", floor=50, lend=100, max_wait="20s")
         .tier("batch", floor=40, lend=50, max_wait="60s")
         .rule("interactive", host="chat.local")

@@ -1,4 +1,5 @@
-"""Shared fixtures for the real parts: tiny model, vLLM engines, Prometheus, Redis.
+"""Shared fixtures for the real parts: tiny model, vLLM engines, Prometheus, Redis, and
+the gateway (as a process or in-process) with a fake engine.
 
 Why here: the operator and gateway integration tests and the benchmarks all need the same
 real servers, started the same way and always stopped. The helpers live in
@@ -14,8 +15,27 @@ Fixtures:
   tiny model (keyword arguments are ``EngineConfig`` fields; ``model_dir`` defaults to the
   tiny model) and returns a healthy ``VllmEngine``. All are stopped at the end of the test
   (``vllm_engine``) or of the module (``vllm_engine_module``, to share one ~15 s start).
+- ``tiny_engine`` (module): one engine serving ``tiny`` as the gateway tests use it (2 MiB
+  of KV cache = 2,048 tokens, block 32, 8 sequences, priority scheduling); pair it with
+  ``tests.builders.tiny_engine_admission_config``.
 - ``prometheus_server``: factory ``prometheus_server(targets={"vllm": [engine.target]})``.
 - ``redis_server`` / ``redis_server_module``: factory ``redis_server(port=None)``.
+- ``gateway_process``: factory of ``kvpool gateway`` processes
+  (:class:`tests.support.gateway.GatewayProcess`): ``gateway_process(config,
+  redis_url=None, extra_args=())`` with ``config`` an ``AdmissionConfigBuilder`` (written
+  to a file of the test's own), a config file ``Path``, or ``None`` with
+  ``configmap=(namespace, api_url)`` to follow the operator's ConfigMap. Returns it
+  started (``/readyz`` answers); in a coroutine use ``await gateway_process.started(...)``
+  (starting off the event loop, so a FakeEngine on that loop keeps answering). Each test
+  gets its own processes (own ports, log files), stopped at teardown; their log tails go
+  into failure reports.
+- ``fake_engine``: a started :class:`tests.support.gateway.FakeEngine` (an in-process
+  OpenAI-compatible upstream recording what it receives), stopped after the test.
+- ``gateway_client``: factory of in-process gateways behind aiohttp's test server:
+  ``client, gateway = await gateway_client(config, store=None, metrics=..., wall_clock=...,
+  tokenizers=..., **settings)``; ``config`` is an ``AdmissionConfig`` or builder, ``store``
+  a budget store (default: in memory), ``settings`` ``GatewaySettings`` fields (default:
+  no access log, ``/metrics`` on the API port). Closed at teardown.
 
 Markers: a test using an engine fixture gets ``engine``, Prometheus ``prometheus``, Redis
 ``redis`` added automatically (so ``-m "not engine"`` deselects it); mark them explicitly
@@ -26,18 +46,38 @@ the test FAILS, since CI must have installed them; otherwise it is skipped with 
 command that installs them (``make deps``).
 
 When a test fails, the tail of every running server's log is added to its report.
+
+Waiting: no test sleeps a guessed time. Code that reads a clock gets a
+``tests.support.waiting.ManualClock``; waits for another process use ``wait_until`` /
+``wait_until_async`` from the same module. Objects come from ``tests.builders``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+import time
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from kvpool.adapters.budget import BudgetStore, InMemoryBudgetStore
+from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.server import Gateway, GatewaySettings
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, EngineFactory, VllmEngine
+from tests.support.gateway import FakeEngine, GatewayClientFactory, GatewayProcesses
 from tests.support.prometheus import PrometheusFactory, PrometheusServer, prometheus_binary
 from tests.support.redis_server import RedisFactory, RedisServer, redis_binary
 from tests.support.tiny_model import tiny_model_dir, vllm_python
@@ -47,6 +87,7 @@ INSTALL_HINT = "run `make deps` (apt: prometheus redis-server; vLLM: scripts/ens
 _FIXTURE_MARKERS = {
     "vllm_engine": "engine",
     "vllm_engine_module": "engine",
+    "tiny_engine": "engine",
     "prometheus_server": "prometheus",
     "redis_server": "redis",
     "redis_server_module": "redis",
@@ -165,6 +206,18 @@ def vllm_engine_module(
     yield from _engine_factory(tiny_model, tmp_path_factory.mktemp("vllm"))
 
 
+@pytest.fixture(scope="module")
+def tiny_engine(vllm_engine_module: EngineFactory) -> VllmEngine:
+    """The gateway tests' engine (see the module docstring), shared by a module."""
+    return vllm_engine_module(
+        served_model_name="tiny",
+        kv_cache_memory_bytes=2 * 1024 * 1024,
+        block_size=32,
+        max_num_seqs=8,
+        scheduling_policy="priority",
+    )
+
+
 @pytest.fixture
 def prometheus_server(tmp_path: Path) -> Iterator[PrometheusFactory]:
     """Factory: ``prometheus_server(targets={"job": ["127.0.0.1:PORT"]})`` -> ready server."""
@@ -213,3 +266,61 @@ def redis_server(tmp_path: Path) -> Iterator[RedisFactory]:
 def redis_server_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisFactory]:
     """Factory like ``redis_server`` whose servers live until the end of the module."""
     yield from _redis_factory(tmp_path_factory.mktemp("redis"))
+
+
+# --- the gateway -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gateway_process(tmp_path: Path) -> Iterator[GatewayProcesses]:
+    """Factory of ``kvpool gateway`` processes, stopped after the test."""
+    started = _Started()
+    try:
+        yield GatewayProcesses(tmp_path, started.add)
+    finally:
+        started.stop_all()
+
+
+@pytest.fixture
+async def fake_engine() -> AsyncIterator[FakeEngine]:
+    """A started fake engine on the test's event loop, stopped after the test."""
+    engine = await FakeEngine().start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+@pytest.fixture
+async def gateway_client() -> AsyncIterator[GatewayClientFactory]:
+    """Factory of in-process gateways behind aiohttp's test server, closed after the test."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def start(
+        config: AdmissionConfig | AdmissionConfigBuilder,
+        store: BudgetStore | None = None,
+        *,
+        metrics: GatewayMetrics | None = None,
+        tokenizers: TokenizerCache | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        **settings: Any,
+    ) -> tuple[TestClient[Any, Any], Gateway]:
+        settings = {"access_log": False, "metrics_on_api_port": True} | settings
+        gateway = Gateway(
+            config.obj() if isinstance(config, AdmissionConfigBuilder) else config,
+            store or InMemoryBudgetStore(),
+            settings=GatewaySettings(**settings),
+            metrics=metrics,
+            tokenizers=tokenizers,
+            wall_clock=wall_clock,
+        )
+        client = TestClient(TestServer(gateway.app()))
+        await client.start_server()
+        clients.append(client)
+        return client, gateway
+
+    try:
+        yield start
+    finally:
+        for client in clients:
+            await client.close()

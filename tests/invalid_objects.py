@@ -2,7 +2,7 @@
 
 Shared by the operator's tests (written straight into storage, the operator must flag and
 never publish them) and the emulator's (``kubectl apply`` must be refused, as
-``kvpool validate`` refuses them). The baseline is ``standard_policy()`` (``tiers``:
+``kvpool validate`` refuses them). The baseline is ``standard_tierpolicy_manifest()`` (``tiers``:
 interactive, batch, eval), the pool ``chat`` and the tenant ``acme``.
 
 Each case names the object it breaks (kind and name), the field path the operator's
@@ -15,13 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tests.builders import PoolBuilder, make_policy, standard_policy
-from tests.operator_builders import declared_pool, make_budget
+from tests.builders import (
+    ModelPoolManifestBuilder,
+    declared_modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 
 
-def baseline_pool(name: str = "chat") -> PoolBuilder:
+def baseline_pool(name: str = "chat") -> ModelPoolManifestBuilder:
     """The valid pool of the operator tests."""
-    return declared_pool(name)
+    return declared_modelpool_manifest(name)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class InvalidCase:
 
 
 def _policy_rule_unknown_tier() -> dict[str, Any]:
-    return standard_policy().rule("gold", pathPrefix="/v1/gold").dict()
+    return standard_tierpolicy_manifest().rule("gold", pathPrefix="/v1/gold").dict()
 
 
 def _pool_canary_tiers(*tiers: str) -> dict[str, Any]:
@@ -51,7 +56,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
     InvalidCase(
         "policy-floors-over-100",
         "TierPolicy",
-        make_policy().tier("interactive", floor=60).tier("batch", floor=50).dict(),
+        tierpolicy_manifest().tier("interactive", floor=60).tier("batch", floor=50).dict(),
         "spec.tiers",
         "the floors of all tiers (floorPercent) must sum to at most 100",
     ),
@@ -65,7 +70,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
     InvalidCase(
         "policy-negative-floor",
         "TierPolicy",
-        make_policy().tier("interactive", floor=-5).tier("batch", floor=30).dict(),
+        tierpolicy_manifest().tier("interactive", floor=-5).tier("batch", floor=30).dict(),
         "spec.tiers[0].floorPercent",
         "must be at least 0 (got -5)",
     ),
@@ -102,7 +107,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
     InvalidCase(
         "budget-names-unknown-tier",
         "TenantBudget",
-        make_budget("acme").tiers("interactive", "gold").limit("1h", 10_000).dict(),
+        tenantbudget_manifest("acme").tiers("interactive", "gold").limit("1h", 10_000).dict(),
         "spec.tiers[1]",
         "tier 'gold' is not in TierPolicy 'tiers'",
         server_rejects=False,
@@ -110,7 +115,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
     InvalidCase(
         "budget-same-window-twice",
         "TenantBudget",
-        make_budget("acme").tiers("interactive").limit("1h", 10).limit("60m", 5).dict(),
+        tenantbudget_manifest("acme").tiers("interactive").limit("1h", 10).limit("60m", 5).dict(),
         "spec.limits[1].window",
         "'60m' is the same window as spec.limits[0].window",
         server_rejects=False,

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.operator_process import run_operator, wait_until
+from tests.operator_process import run_operator
 from tests.support.kube import resource_path, start_kube_api
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PLURALS = {
@@ -76,7 +77,7 @@ def main() -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 print("Ctrl-C to stop")
                 while op.process.running():
-                    time.sleep(1)
+                    time.sleep(1)  # an interactive session: idle until the user stops it
     return 0
 
 

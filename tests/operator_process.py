@@ -8,49 +8,31 @@ local mode (``--allow-static-endpoints``) with leader election on and its own id
         op.metrics()                                 # text of its /metrics
         op.restart(kill=True)                        # SIGKILL, then start again
 
-``wait_until(fn)`` polls ``fn`` until it returns a truthy value (an exception counts as
-"not yet") and returns it; on timeout it raises with the last error.
+Waiting on it: ``tests.support.waiting.wait_until`` (a dead operator ends the wait at once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tests.support.kube import KubeApi
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
+from tests.support.waiting import StopWaitingError, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
+RECONCILES = re.compile(r'^kvpool_operator_reconciles_total\{result="ok"\} (\S+)$', re.M)
 
 
-class OperatorExitedError(Exception):
-    """The operator process is gone (its log tail is the message)."""
-
-
-def wait_until(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.1) -> T:
-    """The first truthy result of ``fn()`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = fn()
-            if result:
-                return result
-            last = None
-        except OperatorExitedError:
-            raise
-        except Exception as exc:  # not yet: a missing object, a key not there yet...
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"not true within {timeout}s; last error: {last!r}")
+class OperatorExitedError(StopWaitingError):
+    """The operator process is gone (its log tail is the message): waiting on it stops."""
 
 
 class OperatorProcess:
@@ -111,6 +93,11 @@ class OperatorProcess:
             f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
         ) as rsp:
             return str(rsp.read().decode())
+
+    def reconciles(self) -> float:
+        """Pool reconciles that succeeded so far (``kvpool_operator_reconciles_total``)."""
+        found = RECONCILES.search(self.metrics())
+        return float(found.group(1)) if found else 0.0
 
     def restart(self, *, kill: bool, env: dict[str, str] | None = None) -> None:
         self.process.kill() if kill else self.process.stop()

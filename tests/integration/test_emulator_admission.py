@@ -20,9 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.builders import (
+    apikey_secret_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
 from tests.integration.test_operator import core, mp, tp
 from tests.invalid_objects import INVALID_CASES, InvalidCase, baseline_pool
-from tests.operator_builders import make_budget, make_secret, standard_policy
 from tests.support.kube import KubeApi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def baseline() -> list[dict[str, Any]]:
     return [
-        standard_policy().dict(),
+        standard_tierpolicy_manifest().dict(),
         baseline_pool().dict(),
-        make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000).dict(),
-        make_secret("acme-key", "api-key", "sk-acme"),
+        tenantbudget_manifest("acme").tiers("interactive", "batch").limit("1h", 10_000).dict(),
+        apikey_secret_manifest("acme-key", "api-key", "sk-acme"),
     ]
 
 
@@ -75,7 +79,7 @@ def test_kvpool_validate_and_kubectl_apply_refuse_invalid_objects(
 
 
 def test_defaults_are_applied_and_unknown_fields_pruned(kube_api: KubeApi) -> None:
-    policy = standard_policy().dict()
+    policy = standard_tierpolicy_manifest().dict()
     policy["spec"]["tiers"][0]["floorPercnt"] = 40  # a typo: pruned, as a server would
     kube_api.client.create(tp(), policy)
 

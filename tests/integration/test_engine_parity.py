@@ -17,64 +17,22 @@ lets the lower tier's ratio creep below 1 while the engine reports no preemption
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
-from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder
-from tests.support.engine import EngineFactory, VllmEngine
+from tests.builders import tiny_engine_admission_config
+from tests.support.engine import VllmEngine
+from tests.support.gateway import GatewayClientFactory
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.engine]
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MAX_MODEL_LEN = 512
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=2 * 1024 * 1024,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
-@pytest.fixture
-async def gateway(
-    engine: VllmEngine, tiny_tokenizer_json: Path
-) -> AsyncIterator[tuple[TestClient[Any, Any], Gateway]]:
-    config = (
-        ConfigBuilder()
-        .tier("interactive", floor=50, wait=60.0)
-        .tier("batch", floor=30, wait=60.0)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=MAX_MODEL_LEN,
-            tokenizer_path=tiny_tokenizer_json,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
-        .obj()
-    )
-    gw = Gateway(config, InMemoryBudgetStore(), settings=GatewaySettings(access_log=False))
-    client = TestClient(TestServer(gw.app()))
-    await client.start_server()
-    try:
-        yield client, gw
-    finally:
-        await client.close()
 
 
 def _ids(count: int, start: int = 10) -> list[int]:
@@ -159,14 +117,17 @@ def _status_class(status: int) -> int | str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("path", "body"), list(SHAPES.values()), ids=list(SHAPES))
 async def test_gateway_answers_like_the_engine(
-    engine: VllmEngine,
-    gateway: tuple[TestClient[Any, Any], Gateway],
+    tiny_engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
-    client, gw = gateway
+    client, gw = await gateway_client(
+        tiny_engine_admission_config(tiny_engine.base_url, tiny_tokenizer_json, wait=60.0)
+    )
     async with aiohttp.ClientSession() as session:
-        direct_status, direct_text = await _post(session, engine.base_url + path, body)
+        direct_status, direct_text = await _post(session, tiny_engine.base_url + path, body)
     resp = await client.post(path, json=body, headers=ACME)
     via_text = await resp.text()
     assert _status_class(resp.status) == _status_class(direct_status), (
@@ -192,22 +153,24 @@ def _sample(metrics: str, name: str, *labels: str) -> float:
 
 
 @pytest.mark.timeout(120)
-async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngine) -> None:
+async def test_engine_load_is_read_from_the_engines_own_metrics(tiny_engine: VllmEngine) -> None:
     async with aiohttp.ClientSession() as session:
-        idle = await fetch_engine_load(session, engine.base_url)
+        idle = await fetch_engine_load(session, tiny_engine.base_url)
         body = _completion(_ids(300), max_tokens=200, ignore_eos=True)
-        running = asyncio.create_task(_post(session, engine.base_url + "/v1/completions", body))
+        running = asyncio.create_task(
+            _post(session, tiny_engine.base_url + "/v1/completions", body)
+        )
         busiest = 0.0
         while not running.done():
-            load = await fetch_engine_load(session, engine.base_url)
+            load = await fetch_engine_load(session, tiny_engine.base_url)
             assert load is not None
             busiest = max(busiest, load.kv_usage)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # sampling the real engine while it runs: a measurement
         status, _ = await running
         gone = await fetch_engine_load(session, "http://127.0.0.1:1")
-        async with session.get(engine.metrics_url) as resp:
+        async with session.get(tiny_engine.metrics_url) as resp:
             raw = await resp.text()
-        final = await fetch_engine_load(session, engine.base_url)
+        final = await fetch_engine_load(session, tiny_engine.base_url)
     assert final is not None
     assert final.preemptions_total == _sample(raw, "vllm:num_preemptions_total")
     assert final.running == _sample(raw, "vllm:num_requests_running")
@@ -219,69 +182,54 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(engine: VllmEngi
 
 @pytest.mark.timeout(240)
 async def test_gateway_learns_outputs_measures_ttft_and_adapts(
-    engine: VllmEngine, tiny_tokenizer_json: Path
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
-    config = (
-        ConfigBuilder()
-        .tier("interactive", floor=50, wait=60.0, ttft=0.5)
-        .tier("batch", floor=30, wait=60.0)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=MAX_MODEL_LEN,
-            tokenizer_path=tiny_tokenizer_json,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"])
-        .obj()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, wait=60.0, ttft=0.5
     )
-    gw = Gateway(
-        config,
-        InMemoryBudgetStore(),
-        settings=GatewaySettings(access_log=False, engine_poll_seconds=0.05),
-    )
-    client = TestClient(TestServer(gw.app()))
-    await client.start_server()
-    try:
-        for _ in range(20):  # the top tier's TTFT samples (streamed chats)
-            resp = await client.post(
-                "/v1/chat/completions",
-                json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
-                headers=ACME,
-            )
-            assert resp.status == 200
-            await resp.read()
-        for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
-            resp = await client.post(
-                "/v1/completions",
-                json=_completion("hello there", max_tokens=8, ignore_eos=True),
-                headers=ACME,
-            )
-            assert resp.status == 200
-            await resp.read()
-        unbounded = {"stop": ["."], "temperature": 0}
-        before = gw.metrics.render().decode()
-        resp = await client.post(
-            "/v1/completions",
-            json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **unbounded),
-            headers=ACME,
-        )
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-        middle = gw.metrics.render().decode()
+    client, gw = await gateway_client(config, engine_poll_seconds=0.05)
+    for _ in range(20):  # the top tier's TTFT samples (streamed chats)
         resp = await client.post(
             "/v1/chat/completions",
-            json=_chat(max_completion_tokens=MAX_MODEL_LEN, **unbounded),
+            json=_chat(max_completion_tokens=8, ignore_eos=True, stream=True),
             headers=ACME,
         )
-        assert resp.status == 200, await resp.text()
+        assert resp.status == 200
         await resp.read()
-        await asyncio.sleep(1.0)  # >= 20 quiet polls
-        after = gw.metrics.render().decode()
-    finally:
-        await client.close()
+    for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
+        resp = await client.post(
+            "/v1/completions",
+            json=_completion("hello there", max_tokens=8, ignore_eos=True),
+            headers=ACME,
+        )
+        assert resp.status == 200
+        await resp.read()
+    unbounded = {"stop": ["."], "temperature": 0}
+    before = gw.metrics.render().decode()
+    resp = await client.post(
+        "/v1/completions",
+        json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **unbounded),
+        headers=ACME,
+    )
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    middle = gw.metrics.render().decode()
+    resp = await client.post(
+        "/v1/chat/completions",
+        json=_chat(max_completion_tokens=MAX_MODEL_LEN, **unbounded),
+        headers=ACME,
+    )
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    await wait_until_async(  # the engine is quiet: each poll lets the ratio creep down
+        lambda: (
+            _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
+            < 1.0
+        ),
+        10,
+        "the batch overcommit ratio creeping down over quiet engine polls",
+    )
+    after = gw.metrics.render().decode()
 
     def delta(name: str, start: str, end: str) -> float:
         return _sample(end, name) - _sample(start, name)

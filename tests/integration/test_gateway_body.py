@@ -21,7 +21,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayProcesses
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MIB = 1024 * 1024
@@ -42,7 +43,7 @@ while not stop.is_set():
     conn.request("GET", "/healthz")
     conn.getresponse().read()
     out.append(time.monotonic() - started)
-    time.sleep(0.005)
+    time.sleep(0.005)  # the probing rate
 print(json.dumps(out))
 """
 
@@ -61,64 +62,62 @@ def big_chat_body(size: int) -> bytes:
     ids=["refused-before-reading", "read-and-parsed-off-the-loop"],
 )
 async def test_healthz_answers_while_four_maximum_bodies_are_processed(
-    tiny_tokenizer_json: Path, tmp_path: Path, max_model_len: int, status: int
+    tiny_tokenizer_json: Path,
+    fake_engine: FakeEngine,
+    gateway_process: GatewayProcesses,
+    max_model_len: int,
+    status: int,
 ) -> None:
     """512 tokens: no prompt of that model can be 7.5 MiB, the body is refused from its
     Content-Length (413). 131,072 tokens (x 11 bytes, the tokenizer's longest token, x 6
     for JSON escapes: a 9.3 MiB bound, above the 8 MiB cap): each body is read, parsed on
     a worker thread, found longer than any prompt of 131,072 tokens without being
     tokenized, and rejected by the estimate (400)."""
-    engine = await FakeEngine().start()
-    path = standard_config(
-        [engine.url], max_model_len=max_model_len, tokenizer_path=tiny_tokenizer_json
-    ).write(tmp_path / "config.json")
-    proc = GatewayProcess(path, tmp_path / "gateway.log", extra_args=("--no-access-log",))
+    config = standard_admission_config(
+        [fake_engine.url], max_model_len=max_model_len, tokenizer_path=tiny_tokenizer_json
+    )
+    proc = await gateway_process.started(config, extra_args=("--no-access-log",))
     body = big_chat_body(8 * MIB - 64 * 1024)
+    rss_before = proc.process.rss_bytes()
+    peak_rss = rss_before
+    # the probe is its own process: nothing in this one (the uploads) can delay it
+    prober = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PROBE,
+        str(proc.port),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert prober.stdin is not None and prober.stdout is not None
+    assert await prober.stdout.readline() == b"ready\n"
     try:
-        await asyncio.to_thread(proc.start)
-        rss_before = proc.process.rss_bytes()
-        peak_rss = rss_before
-        # the probe is its own process: nothing in this one (the uploads) can delay it
-        prober = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            PROBE,
-            str(proc.port),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert prober.stdin is not None and prober.stdout is not None
-        assert await prober.stdout.readline() == b"ready\n"
-        try:
-            async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession() as session:
 
-                async def send() -> tuple[int, dict[str, object]]:
-                    async with session.post(
-                        f"{proc.url}/v1/chat/completions", data=io.BytesIO(body), headers=ACME
-                    ) as resp:
-                        return resp.status, await resp.json()
+            async def send() -> tuple[int, dict[str, object]]:
+                async with session.post(
+                    f"{proc.url}/v1/chat/completions", data=io.BytesIO(body), headers=ACME
+                ) as resp:
+                    return resp.status, await resp.json()
 
-                async def watch_rss() -> None:
-                    nonlocal peak_rss
-                    while True:
-                        peak_rss = max(peak_rss, proc.process.rss_bytes())
-                        await asyncio.sleep(0.02)
+            async def watch_rss() -> None:
+                nonlocal peak_rss
+                while True:
+                    peak_rss = max(peak_rss, proc.process.rss_bytes())
+                    await asyncio.sleep(0.02)  # a sampling rate, not a wait
 
-                watcher = asyncio.create_task(watch_rss())
-                started = time.monotonic()
-                results: list[tuple[int, dict[str, object]]] = []
-                for _ in range(ROUNDS):
-                    results += await asyncio.gather(*(send() for _ in range(4)))
-                elapsed = time.monotonic() - started
-                watcher.cancel()
-        finally:
-            prober.stdin.close()
-            latencies = sorted(json.loads(await prober.stdout.read()))
-            await prober.wait()
-        rss_after = proc.process.rss_bytes()
+            watcher = asyncio.create_task(watch_rss())
+            started = time.monotonic()
+            results: list[tuple[int, dict[str, object]]] = []
+            for _ in range(ROUNDS):
+                results += await asyncio.gather(*(send() for _ in range(4)))
+            elapsed = time.monotonic() - started
+            watcher.cancel()
     finally:
-        await asyncio.to_thread(proc.stop)
-        await engine.stop()
+        prober.stdin.close()
+        latencies = sorted(json.loads(await prober.stdout.read()))
+        await prober.wait()
+    rss_after = proc.process.rss_bytes()
     p99 = latencies[max(0, int(len(latencies) * 0.99) - 1)]
     figures = (
         f"{len(latencies)} /healthz probes: p99 {p99 * 1000:.0f} ms, max "

@@ -12,15 +12,13 @@ plays no part in budgets).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.gateway_builders import ConfigBuilder, FakeEngine, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
+from tests.support.gateway import FakeEngine, GatewayProcesses
 from tests.support.redis_server import RedisFactory
 
 pytestmark = [pytest.mark.redis]
@@ -28,34 +26,13 @@ pytestmark = [pytest.mark.redis]
 SHARED = {"Authorization": "Bearer sk-shared"}
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    fake = await FakeEngine().start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-def namespace_config(namespace: str, engine: FakeEngine, limit: int) -> ConfigBuilder:
+def namespace_config(namespace: str, fake_engine: FakeEngine, limit: int) -> AdmissionConfigBuilder:
     return (
-        ConfigBuilder(namespace=namespace)
+        AdmissionConfigBuilder(namespace=namespace)
         .tier("batch", floor=80, wait=5.0)
-        .pool("tiny", [engine.url], slots_per_replica=256, tokens_per_replica=1_000_000)
+        .pool("tiny", [fake_engine.url], slots_per_replica=256, tokens_per_replica=1_000_000)
         .tenant("shared", key="sk-shared", tiers=["batch"], limits=[(60, limit)])
     )
-
-
-@contextlib.asynccontextmanager
-async def running(*procs: GatewayProcess) -> AsyncIterator[None]:
-    """Start in a thread: the fake engine on this loop must answer health probes."""
-    try:
-        for proc in procs:
-            await asyncio.to_thread(proc.start)
-        yield
-    finally:
-        for proc in procs:
-            await asyncio.to_thread(proc.stop)
 
 
 async def post(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
@@ -65,19 +42,19 @@ async def post(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str,
 
 
 async def test_same_tenant_in_two_namespaces_has_two_budgets(
-    engine: FakeEngine, redis_server: RedisFactory, tmp_path: Path
+    fake_engine: FakeEngine, redis_server: RedisFactory, gateway_process: GatewayProcesses
 ) -> None:
     redis = redis_server()
-    procs = []
-    for namespace in ("team-a", "team-b"):
-        path = namespace_config(namespace, engine, limit=200).write(tmp_path / f"{namespace}.json")
-        log = tmp_path / f"{namespace}.log"
-        # a generous Redis timeout: this test is about keys, not about timeouts
-        procs.append(
-            GatewayProcess(path, log, redis_url=redis.url, extra_args=("--redis-timeout", "1"))
+    # a generous Redis timeout: this test is about keys, not about timeouts
+    team_a, team_b = [
+        await gateway_process.started(
+            namespace_config(namespace, fake_engine, limit=200),
+            redis_url=redis.url,
+            extra_args=("--redis-timeout", "1"),
         )
-    team_a, team_b = procs
-    async with running(*procs), aiohttp.ClientSession() as session:
+        for namespace in ("team-a", "team-b")
+    ]
+    async with aiohttp.ClientSession() as session:
         b_results = [await post(session, team_b.url) for _ in range(30)]
         b_served = sum(1 for status, _ in b_results if status == 200)
         assert 429 in [status for status, _ in b_results]  # team-b's budget is spent
@@ -90,20 +67,17 @@ async def test_same_tenant_in_two_namespaces_has_two_budgets(
 
 
 async def test_a_200_request_burst_against_a_healthy_redis_gets_no_503(
-    engine: FakeEngine, redis_server: RedisFactory, tmp_path: Path
+    fake_engine: FakeEngine, redis_server: RedisFactory, gateway_process: GatewayProcesses
 ) -> None:
     redis = redis_server()
-    path = namespace_config("team-a", engine, limit=10_000_000).write(tmp_path / "config.json")
-    proc = GatewayProcess(
-        path,
-        tmp_path / "gateway.log",
+    proc = await gateway_process.started(
+        namespace_config("team-a", fake_engine, limit=10_000_000),
         redis_url=redis.url,
         extra_args=("--fail-closed-tier", "batch"),
     )
-    async with running(proc):
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            results = await asyncio.gather(*(post(session, proc.url) for _ in range(200)))
-        metrics = await asyncio.to_thread(_get, proc.metrics_url)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        results = await asyncio.gather(*(post(session, proc.url) for _ in range(200)))
+    metrics = await asyncio.to_thread(_get, proc.metrics_url)
     codes = [body.get("error", {}).get("code") for status, body in results if status != 200]
     assert codes == [], (
         f"{len(codes)} of 200 requests failed against a healthy Redis: "

@@ -20,97 +20,28 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from kvpool.adapters.budget import (
-    BudgetStore,
     FailoverBudgetStore,
     FailoverPolicy,
-    InMemoryBudgetStore,
     RedisBudgetStore,
 )
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder, GatewayProcess
-from tests.support.engine import EngineFactory, VllmEngine
+from tests.builders import tiny_engine_admission_config
+from tests.support.engine import VllmEngine
+from tests.support.gateway import GatewayClientFactory, GatewayProcesses
 from tests.support.redis_server import RedisFactory
+from tests.support.waiting import ManualClock
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
 ACME = {"Authorization": "Bearer sk-acme"}
-KV_BYTES = 2 * 1024 * 1024
-
-Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=KV_BYTES,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
-def engine_config(
-    engine: VllmEngine,
-    tokenizer: Path,
-    *,
-    limits: list[tuple[float, int]] | None = None,
-    wait: float = 30.0,
-) -> ConfigBuilder:
-    """interactive (chat, 50 %) and batch (completions, 30 %) over the real engine."""
-    return (
-        ConfigBuilder()
-        .tier("interactive", floor=50, wait=wait)
-        .tier("batch", floor=30, wait=wait)
-        .rule("interactive", path_prefix="/v1/chat")
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=2048,
-            slots_per_replica=8,
-            max_model_len=512,
-            output_p95=64,
-            tokenizer_path=tokenizer,
-        )
-        .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=limits)
-    )
-
-
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[Start]:
-    clients: list[TestClient[Any, Any]] = []
-
-    async def start(
-        config: AdmissionConfig, store: BudgetStore | None = None, **kwargs: Any
-    ) -> tuple[TestClient[Any, Any], Gateway]:
-        gateway = Gateway(
-            config,
-            store or InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
-            **kwargs,
-        )
-        client = TestClient(TestServer(gateway.app()))
-        await client.start_server()
-        clients.append(client)
-        return client, gateway
-
-    try:
-        yield start
-    finally:
-        for client in clients:
-            await client.close()
 
 
 def completion(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
@@ -135,7 +66,7 @@ def chat(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
     ids=["completion", "chat-with-template"],
 )
 def test_tokenizer_counts_prompts_like_the_engine(
-    engine: VllmEngine, tiny_tokenizer_json: Path, path: str, body: dict[str, Any]
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, path: str, body: dict[str, Any]
 ) -> None:
     tokenizer = TokenizerCache().get(str(tiny_tokenizer_json))
     assert tokenizer is not None
@@ -143,7 +74,7 @@ def test_tokenizer_counts_prompts_like_the_engine(
         ours = tokenizer.count_chat(body["messages"])
     else:
         ours = tokenizer.count_prompt(body["prompt"])
-    answer = engine.post_json(path, body)
+    answer = tiny_engine.post_json(path, body)
     assert ours == answer["usage"]["prompt_tokens"]
 
 
@@ -153,14 +84,16 @@ def test_tokenizer_counts_prompts_like_the_engine(
     ids=["completion", "chat"],
 )
 async def test_end_to_end_non_streaming_settles_the_real_usage(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
-    start_gateway: Start,
+    gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
 ) -> None:
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
-    client, gateway = await start_gateway(config)
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 10_000)]
+    ).obj()
+    client, gateway = await gateway_client(config)
     resp = await client.post(path, json={**body, "priority": -5}, headers=ACME)
     assert resp.status == 200, await resp.text()
     usage = (await resp.json())["usage"]
@@ -175,10 +108,15 @@ async def test_end_to_end_non_streaming_settles_the_real_usage(
 
 @pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["plain", "include-usage"])
 async def test_end_to_end_streaming(
-    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start, caller_wants_usage: bool
+    tiny_engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    gateway_client: GatewayClientFactory,
+    caller_wants_usage: bool,
 ) -> None:
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 10_000)]).obj()
-    client, gateway = await start_gateway(config)
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 10_000)]
+    ).obj()
+    client, gateway = await gateway_client(config)
     body = chat(max_tokens=12, stream=True, ignore_eos=True)
     if caller_wants_usage:
         body["stream_options"] = {"include_usage": True}
@@ -201,42 +139,31 @@ async def test_end_to_end_streaming(
 
 
 async def test_budget_across_two_gateway_processes_sharing_redis(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
-    tmp_path: Path,
+    gateway_process: GatewayProcesses,
 ) -> None:
     """Given a 600-token budget, when 24 requests of ~44 tokens hit two gateways at once,
     then what is served overshoots the budget by at most one reservation."""
     limit, max_tokens = 600, 40
     redis = redis_server()
-    config_path = engine_config(engine, tiny_tokenizer_json, limits=[(60, limit)]).write(
-        tmp_path / "config.json"
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, limit)]
     )
     gateways = [
-        GatewayProcess(
-            config_path,
-            tmp_path / f"gateway-{i}.log",
-            redis_url=redis.url,
-            extra_args=("--redis-timeout", "1.0"),
-        )
-        for i in range(2)
+        gateway_process(config, redis_url=redis.url, extra_args=("--redis-timeout", "1.0"))
+        for _ in range(2)
     ]
-    try:
-        for gateway in gateways:
-            gateway.start()
-        async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session:
 
-            async def send(i: int) -> tuple[int, dict[str, Any]]:
-                url = f"{gateways[i % 2].url}/v1/completions"
-                body = completion(max_tokens=max_tokens, ignore_eos=True)
-                async with session.post(url, json=body, headers=ACME) as resp:
-                    return resp.status, await resp.json()
+        async def send(i: int) -> tuple[int, dict[str, Any]]:
+            url = f"{gateways[i % 2].url}/v1/completions"
+            body = completion(max_tokens=max_tokens, ignore_eos=True)
+            async with session.post(url, json=body, headers=ACME) as resp:
+                return resp.status, await resp.json()
 
-            results = await asyncio.gather(*(send(i) for i in range(24)))
-    finally:
-        for gateway in gateways:
-            gateway.stop()
+        results = await asyncio.gather(*(send(i) for i in range(24)))
     served = [body["usage"] for status, body in results if status == 200]
     statuses = sorted(status for status, _ in results)
     assert set(statuses) <= {200, 429}, statuses
@@ -249,21 +176,25 @@ async def test_budget_across_two_gateway_processes_sharing_redis(
 
 
 async def test_redis_killed_mid_test_follows_the_tier_policy(
-    engine: VllmEngine,
+    tiny_engine: VllmEngine,
     tiny_tokenizer_json: Path,
     redis_server: RedisFactory,
-    start_gateway: Start,
+    gateway_client: GatewayClientFactory,
 ) -> None:
     redis = redis_server()
     metrics = GatewayMetrics()
+    breaker_clock = ManualClock()  # the breaker stays open until the test moves it on
     store = FailoverBudgetStore(
         RedisBudgetStore(redis.url, timeout=0.05),
         FailoverPolicy(fail_closed_tiers=frozenset({"batch"}), failure_threshold=1),
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
+        clock=breaker_clock,
     )
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
-    client, _ = await start_gateway(config, store, metrics=metrics)
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 100_000)]
+    ).obj()
+    client, _ = await gateway_client(config, store, metrics=metrics)
     assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
 
     redis.kill()
@@ -283,7 +214,7 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
     assert 'result="local",tier="batch"' not in text  # a fail-closed tier never counts local
 
     redis.start()  # same port, empty data
-    await asyncio.sleep(1.2)  # the breaker's retry interval
+    breaker_clock.advance(store.policy.open_seconds)  # the breaker's retry interval passes
     again = await client.post("/v1/completions", json=completion(), headers=ACME)
     assert again.status == 200
     used = await store.usage("default/acme", config.tenants[0].limits, time.time())
@@ -291,11 +222,13 @@ async def test_redis_killed_mid_test_follows_the_tier_policy(
 
 
 async def test_engine_killed_gives_clear_errors_and_releases_everything(
-    engine: VllmEngine, tiny_tokenizer_json: Path, start_gateway: Start
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
 ) -> None:
     """Runs last in the module: it kills the shared engine."""
-    config = engine_config(engine, tiny_tokenizer_json, limits=[(60, 100_000)]).obj()
-    client, gateway = await start_gateway(config)
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 100_000)]
+    ).obj()
+    client, gateway = await gateway_client(config)
     stream = await client.post(
         "/v1/completions",
         json=completion(max_tokens=400, ignore_eos=True, stream=True),
@@ -303,7 +236,7 @@ async def test_engine_killed_gives_clear_errors_and_releases_everything(
     )
     assert stream.status == 200
     await stream.content.readline()  # the stream has started
-    engine.process.kill()
+    tiny_engine.process.kill()
     rest = (await stream.read()).decode()
     assert "engine_stream_broken" in rest
     after = await client.post("/v1/completions", json=completion(), headers=ACME)

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 
 import aiohttp
@@ -25,9 +25,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool.adapters.budget import RedisBudgetStore, budget_subject
-from tests.gateway_builders import ConfigBuilder, FakeEngine, GatewayProcess
+from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineFactory, VllmEngine
+from tests.support.gateway import FakeEngine, GatewayProcesses
 from tests.support.redis_server import RedisFactory
+from tests.support.waiting import WaitTimeoutError, wait_until_async
 
 pytestmark = [pytest.mark.engine]
 
@@ -35,23 +37,12 @@ ACME = {"Authorization": "Bearer sk-acme"}
 KV_BYTES = 2 * 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_engine_module: EngineFactory) -> VllmEngine:
-    return vllm_engine_module(
-        served_model_name="tiny",
-        kv_cache_memory_bytes=KV_BYTES,
-        block_size=32,
-        max_num_seqs=8,
-        scheduling_policy="priority",
-    )
-
-
 def config(
     endpoints: list[str], tokenizer: Path, *, limits: list[tuple[float, int]] | None = None
-) -> ConfigBuilder:
+) -> AdmissionConfigBuilder:
     """One tier over the given engines; tenant acme."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=80, wait=30.0)
         .pool(
             "tiny",
@@ -66,7 +57,7 @@ def config(
     )
 
 
-def engine_counters(engine: VllmEngine) -> dict[str, float]:
+def engine_counters(tiny_engine: VllmEngine) -> dict[str, float]:
     """The engine's prompt/generation token counters and running/waiting gauges."""
     wanted = {
         "vllm:prompt_tokens": "prompt",
@@ -75,7 +66,7 @@ def engine_counters(engine: VllmEngine) -> dict[str, float]:
         "vllm:num_requests_waiting": "waiting",
     }
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(engine.fetch_metrics_text()):
+    for family in text_string_to_metric_families(tiny_engine.fetch_metrics_text()):
         if family.name in wanted:
             out[wanted[family.name]] = sum(
                 s.value for s in family.samples if not s.name.endswith("_created")
@@ -83,31 +74,21 @@ def engine_counters(engine: VllmEngine) -> dict[str, float]:
     return out
 
 
-async def wait_engine_idle(engine: VllmEngine, timeout: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        counters = await asyncio.to_thread(engine_counters, engine)
-        if counters.get("running", 0) == 0 and counters.get("waiting", 0) == 0:
-            return counters
-        if time.monotonic() > deadline:
-            raise AssertionError(f"engine still busy after {timeout}s: {counters}")
-        await asyncio.sleep(0.2)
+async def wait_engine_idle(tiny_engine: VllmEngine, timeout: float = 30.0) -> dict[str, float]:
+    async def idle() -> dict[str, float] | None:
+        counters = await asyncio.to_thread(engine_counters, tiny_engine)
+        busy = counters.get("running", 0) or counters.get("waiting", 0)
+        return None if busy else counters
 
-
-@contextlib.contextmanager
-def gateways(*procs: GatewayProcess) -> Iterator[list[GatewayProcess]]:
-    try:
-        for proc in procs:
-            proc.start()
-        yield list(procs)
-    finally:
-        for proc in procs:
-            proc.stop()
+    return await wait_until_async(idle, timeout, "the engine idle", interval=0.2)
 
 
 @pytest.mark.redis
 async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
-    engine: VllmEngine, tiny_tokenizer_json: Path, redis_server: RedisFactory, tmp_path: Path
+    tiny_engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    redis_server: RedisFactory,
+    gateway_process: GatewayProcesses,
 ) -> None:
     """Given a gateway process with budgets in Redis, when a tenant sends 40 non-streaming
     requests (max_tokens 400, ignore_eos) in waves of 5 and aborts each after 0.25 s, then
@@ -115,44 +96,51 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
     counted for them (before the fix: settled as 0, free compute)."""
     redis = redis_server()
     limits = [(60.0, 1_000_000)]
-    path = config([engine.base_url], tiny_tokenizer_json, limits=limits).write(
-        tmp_path / "config.json"
+    proc = gateway_process(
+        config([tiny_engine.base_url], tiny_tokenizer_json, limits=limits), redis_url=redis.url
     )
-    proc = GatewayProcess(path, tmp_path / "gateway.log", redis_url=redis.url)
-    before = await wait_engine_idle(engine)
+    before = await wait_engine_idle(tiny_engine)
     body = {"model": "tiny", "prompt": "tell me a long story", "max_tokens": 400}
     body["ignore_eos"] = True
     aborted = 0
-    with gateways(proc):
-        async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session:
 
-            async def send() -> int:
-                try:
-                    async with asyncio.timeout(0.25):
-                        async with session.post(
-                            f"{proc.url}/v1/completions", json=body, headers=ACME
-                        ) as resp:
-                            await resp.read()
-                            return resp.status
-                except TimeoutError:
-                    return 0
+        async def send() -> int:
+            try:
+                async with asyncio.timeout(0.25):
+                    async with session.post(
+                        f"{proc.url}/v1/completions", json=body, headers=ACME
+                    ) as resp:
+                        await resp.read()
+                        return resp.status
+            except TimeoutError:
+                return 0
 
-            seen: list[int] = []
-            for _ in range(8):  # 5 x 405 reserved tokens fit the replica's 2048 at once
-                statuses = await asyncio.gather(*(send() for _ in range(5)))
-                aborted += statuses.count(0)
-                seen += statuses
-        after = await wait_engine_idle(engine)
-        await asyncio.sleep(0.5)  # background settlements
-        store = RedisBudgetStore(redis.url, timeout=2.0)
-        try:
-            window = [config([], tiny_tokenizer_json, limits=limits).obj().tenants[0].limits[0]]
-            used = await store.usage(budget_subject("default", "acme"), window, time.time())
-        finally:
-            await store.close()
+        seen: list[int] = []
+        for _ in range(8):  # 5 x 405 reserved tokens fit the replica's 2048 at once
+            statuses = await asyncio.gather(*(send() for _ in range(5)))
+            aborted += statuses.count(0)
+            seen += statuses
+    after = await wait_engine_idle(tiny_engine)
     generated = int(after["generation"] - before["generation"])
     prompt = int(after["prompt"] - before["prompt"])
-    charged = used[0].tokens
+    store = RedisBudgetStore(redis.url, timeout=2.0)
+    window = [config([], tiny_tokenizer_json, limits=limits).obj().tenants[0].limits[0]]
+
+    async def charged_tokens() -> int:
+        used = await store.usage(budget_subject("default", "acme"), window, time.time())
+        return used[0].tokens
+
+    try:
+        # the gateway settles aborted requests in the background; the assert below says
+        # what is missing if they never add up
+        with contextlib.suppress(WaitTimeoutError):
+            await wait_until_async(
+                lambda: _at_least(charged_tokens(), prompt + generated), 5, "the settlements"
+            )
+        charged = await charged_tokens()
+    finally:
+        await store.close()
     assert aborted >= 30, (
         f"only {aborted} of 40 requests were aborted (the engine is too fast): {seen}"
     )
@@ -162,6 +150,14 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
         f"tokens, tenant charged {charged}"
     )
     print(f"aborted {aborted}: engine {prompt}+{generated} tokens, charged {charged}")
+
+
+async def _is_zero(value: Awaitable[float | None]) -> bool:
+    return await value == 0.0
+
+
+async def _at_least(value: Awaitable[int], floor: int) -> bool:
+    return await value >= floor
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -181,7 +177,10 @@ def ejected(metrics_url: str, replica: str) -> float | None:
 
 
 async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
-    vllm_engine: EngineFactory, tiny_tokenizer_json: Path, tmp_path: Path
+    vllm_engine: EngineFactory,
+    tiny_tokenizer_json: Path,
+    fake_engine: FakeEngine,
+    gateway_process: GatewayProcesses,
 ) -> None:
     """Given a gateway process over a real vLLM engine (tiny-0) and a second endpoint
     (tiny-1), when the engine is SIGSTOPped (it still accepts connections, answers
@@ -195,71 +194,69 @@ async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
         max_num_seqs=8,
         scheduling_policy="priority",
     )
-    other = await FakeEngine().start()
     # the hung engine is tiny-0: on ties the router picks it first
-    path = config([hung.base_url, other.url], tiny_tokenizer_json).write(tmp_path / "config.json")
-    proc = GatewayProcess(path, tmp_path / "gateway.log")
+    proc = await gateway_process.started(
+        config([hung.base_url, fake_engine.url], tiny_tokenizer_json)
+    )
     body = {"model": "tiny", "prompt": "once upon a time", "max_tokens": 16, "stream": True}
     stopped = False
     try:
-        with gateways(proc):
-            metrics_url = proc.metrics_url
-            async with aiohttp.ClientSession() as session:
+        metrics_url = proc.metrics_url
+        async with aiohttp.ClientSession() as session:
 
-                async def timed() -> tuple[int, float]:
-                    started = time.monotonic()
-                    try:
-                        async with asyncio.timeout(10):
-                            async with session.post(
-                                f"{proc.url}/v1/completions", json=body, headers=ACME
-                            ) as resp:
-                                await resp.read()
-                                return resp.status, time.monotonic() - started
-                    except TimeoutError:
-                        return 0, time.monotonic() - started
+            async def timed() -> tuple[int, float]:
+                started = time.monotonic()
+                try:
+                    async with asyncio.timeout(10):
+                        async with session.post(
+                            f"{proc.url}/v1/completions", json=body, headers=ACME
+                        ) as resp:
+                            await resp.read()
+                            return resp.status, time.monotonic() - started
+                except TimeoutError:
+                    return 0, time.monotonic() - started
 
-                os.kill(hung.process.pid, signal.SIGSTOP)
-                stopped = True
-                t0 = time.monotonic()
-                in_flight = asyncio.create_task(timed())  # routed to tiny-0 (not yet ejected)
-                ejected_after = None
-                while time.monotonic() - t0 < 10:
-                    if await asyncio.to_thread(ejected, metrics_url, "tiny-0") == 1.0:
-                        ejected_after = time.monotonic() - t0
-                        break
-                    await asyncio.sleep(0.1)
-                assert ejected_after is not None and ejected_after <= 2.0, (
-                    f"hung engine ejected after {ejected_after} s (None: not within 10 s)"
-                )
-                status, waited = await in_flight
-                assert status == 504 and waited < 3.0, (
-                    f"the request on the hung engine ended after {waited:.1f} s with "
-                    f"{status or 'no answer'} (0: still waiting after 10 s)"
-                )
-                results = await asyncio.gather(*(timed() for _ in range(8)))
-                slow = [(code, round(t, 2)) for code, t in results if code != 200 or t > 2]
-                assert not slow, (
-                    f"{len(slow)} of 8 requests after the ejection waited on the hung engine "
-                    f"(status, seconds): {slow}"
-                )
-                os.kill(hung.process.pid, signal.SIGCONT)
-                stopped = False
-                back_after = None
-                t1 = time.monotonic()
-                while time.monotonic() - t1 < 15:
-                    if await asyncio.to_thread(ejected, metrics_url, "tiny-0") == 0.0:
-                        back_after = time.monotonic() - t1
-                        break
-                    await asyncio.sleep(0.2)
-                assert back_after is not None, "the resumed engine was not probed back in"
-                ejections = scrape(metrics_url)[
-                    ("kvpool_gateway_ejections_total", (("pool", "tiny"), ("reason", "health")))
-                ]
-                assert ejections >= 1
+            # real time on purpose: a SIGSTOPped engine and the gateway's own health timers
+            os.kill(hung.process.pid, signal.SIGSTOP)
+            stopped = True
+            t0 = time.monotonic()
+            in_flight = asyncio.create_task(timed())  # routed to tiny-0 (not yet ejected)
+            await wait_until_async(
+                lambda: asyncio.to_thread(ejected, metrics_url, "tiny-0"),
+                10,
+                "the hung engine ejected",
+                interval=0.1,
+            )
+            ejected_after = time.monotonic() - t0
+            assert ejected_after <= 2.0, f"hung engine ejected after {ejected_after:.1f} s"
+            status, waited = await in_flight
+            assert status == 504 and waited < 3.0, (
+                f"the request on the hung engine ended after {waited:.1f} s with "
+                f"{status or 'no answer'} (0: still waiting after 10 s)"
+            )
+            results = await asyncio.gather(*(timed() for _ in range(8)))
+            slow = [(code, round(t, 2)) for code, t in results if code != 200 or t > 2]
+            assert not slow, (
+                f"{len(slow)} of 8 requests after the ejection waited on the hung engine "
+                f"(status, seconds): {slow}"
+            )
+            os.kill(hung.process.pid, signal.SIGCONT)
+            stopped = False
+            t1 = time.monotonic()
+            await wait_until_async(
+                lambda: _is_zero(asyncio.to_thread(ejected, metrics_url, "tiny-0")),
+                15,
+                "the resumed engine probed back in",
+                interval=0.2,
+            )
+            back_after = time.monotonic() - t1
+            ejections = scrape(metrics_url)[
+                ("kvpool_gateway_ejections_total", (("pool", "tiny"), ("reason", "health")))
+            ]
+            assert ejections >= 1
     finally:
         if stopped:
             os.kill(hung.process.pid, signal.SIGCONT)
-        await other.stop()
     print(
         f"ejected after {ejected_after:.2f} s, waiting request ended after {waited:.2f} s, "
         f"back in routing {back_after:.2f} s after SIGCONT"

@@ -19,25 +19,17 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from tests.gateway_builders import FakeEngine, GatewayProcess, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[GatewayProcess]:
-    engine = await FakeEngine().start()
-    path = standard_config([engine.url]).write(tmp_path / "config.json")
-    proc = GatewayProcess(path, tmp_path / "gateway.log", extra_args=("--body-timeout", "2"))
-    try:
-        await asyncio.to_thread(proc.start)
-        yield proc
-    finally:
-        await asyncio.to_thread(proc.stop)
-        await engine.stop()
+async def gateway(fake_engine: FakeEngine, gateway_process: GatewayProcesses) -> GatewayProcess:
+    config = standard_admission_config([fake_engine.url])
+    return await gateway_process.started(config, extra_args=("--body-timeout", "2"))
 
 
 def get(url: str) -> tuple[int, str, str]:

@@ -1,6 +1,6 @@
 """The gateway's request path over real HTTP, in front of a fake engine (fast, no vLLM).
 
-The engine is faked at the I/O boundary (tests.gateway_builders.FakeEngine records what
+The engine is faked at the I/O boundary (tests.support.gateway.FakeEngine records what
 it receives); everything else - aiohttp server, classify, estimate, budgets, admission,
 proxying, metrics - is the real code. The real-engine tests are in test_gateway_engine.py.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -23,52 +23,17 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from kvpool.adapters.budget import (
     FailoverBudgetStore,
     FailoverPolicy,
-    InMemoryBudgetStore,
     RedisBudgetStore,
 )
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder, FakeEngine, standard_config
+from tests.builders import AdmissionConfigBuilder, standard_admission_config
+from tests.support.gateway import FakeEngine, GatewayClientFactory
+from tests.support.waiting import wait_until_async
 
 ACME = {"Authorization": "Bearer sk-acme"}
 BULK = {"Authorization": "Bearer sk-bulk"}
-
-Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    fake = await FakeEngine().start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[Start]:
-    clients: list[TestClient[Any, Any]] = []
-
-    async def start(
-        config: AdmissionConfig, **settings: Any
-    ) -> tuple[TestClient[Any, Any], Gateway]:
-        gateway = Gateway(
-            config,
-            InMemoryBudgetStore(),
-            settings=GatewaySettings(access_log=False, metrics_on_api_port=True, **settings),
-        )
-        client = TestClient(TestServer(gateway.app()))
-        await client.start_server()
-        clients.append(client)
-        return client, gateway
-
-    try:
-        yield start
-    finally:
-        for client in clients:
-            await client.close()
 
 
 def chat(content: str = "hello", **extra: Any) -> dict[str, Any]:
@@ -79,8 +44,8 @@ def completion(prompt: Any = "hello", **extra: Any) -> dict[str, Any]:
     return {"model": "tiny", "prompt": prompt, **extra}
 
 
-def _forbidden_config(url: str) -> ConfigBuilder:
-    return standard_config([url]).tenant("chatonly", key="sk-chat", tiers=["interactive"])
+def _forbidden_config(url: str) -> AdmissionConfigBuilder:
+    return standard_admission_config([url]).tenant("chatonly", key="sk-chat", tiers=["interactive"])
 
 
 REJECTIONS = {
@@ -145,28 +110,28 @@ REJECTIONS = {
     ("path", "headers", "body", "status", "code"), list(REJECTIONS.values()), ids=list(REJECTIONS)
 )
 async def test_rejections_are_clear_json_errors(
-    engine: FakeEngine,
-    start_gateway: Start,
+    fake_engine: FakeEngine,
+    gateway_client: GatewayClientFactory,
     path: str,
     headers: dict[str, str],
     body: dict[str, Any],
     status: int,
     code: str | None,
 ) -> None:
-    client, _ = await start_gateway(_forbidden_config(engine.url).obj())
+    client, _ = await gateway_client(_forbidden_config(fake_engine.url).obj())
     resp = await client.post(path, json=body, headers=headers)
     assert resp.status == status
     error = (await resp.json())["error"]
     assert error["message"]
     if code is not None:
         assert error["code"] == code
-    assert engine.received == []  # nothing reached the engine
+    assert fake_engine.received == []  # nothing reached the engine
 
 
 async def test_missing_and_unknown_keys_get_the_same_answer(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     missing = await client.post("/v1/completions", json=completion())
     unknown = await client.post(
         "/v1/completions", json=completion(), headers={"Authorization": "Bearer sk-x"}
@@ -174,24 +139,28 @@ async def test_missing_and_unknown_keys_get_the_same_answer(
     assert (missing.status, await missing.read()) == (unknown.status, await unknown.read())
 
 
-async def test_oversized_body_is_413(engine: FakeEngine, start_gateway: Start) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj(), max_body_bytes=1000)
+async def test_oversized_body_is_413(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    client, _ = await gateway_client(
+        standard_admission_config([fake_engine.url]).obj(), max_body_bytes=1000
+    )
     resp = await client.post("/v1/completions", json=completion("x" * 5000), headers=ACME)
     assert resp.status == 413
     assert (await resp.json())["error"]["code"] == "body_too_large"
 
 
 async def test_caller_priority_is_stripped_and_the_tier_sets_it(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     headers = {**BULK, "X-Priority": "0", "Priority": "u=0", "X-Request-Priority": "high"}
     resp = await client.post(
         "/v1/completions", json=completion(priority=-1000, max_tokens=3), headers=headers
     )
     assert resp.status == 200
-    assert engine.received[0]["priority"] == 1  # batch is the second tier: engine priority 1
-    sent = {k.lower() for k in engine.headers[0]}
+    assert fake_engine.received[0]["priority"] == 1  # batch is the second tier: engine priority 1
+    sent = {k.lower() for k in fake_engine.headers[0]}
     assert not sent & {"x-priority", "priority", "x-request-priority", "authorization"}
 
 
@@ -250,17 +219,17 @@ ENGINE_RULES = {
     ids=list(ENGINE_RULES),
 )
 async def test_the_engine_rules_serve_and_bound_the_output(
-    engine: FakeEngine,
-    start_gateway: Start,
+    fake_engine: FakeEngine,
+    gateway_client: GatewayClientFactory,
     path: str,
     body: dict[str, Any],
     field_name: str,
     expected: int | str | None,
 ) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     resp = await client.post(path, json=body, headers=ACME)
     assert resp.status == 200, await resp.text()
-    sent = engine.received[0]
+    sent = fake_engine.received[0]
     if expected is None:
         assert sent.get(field_name) == body.get(field_name)
     elif expected == "bounded":
@@ -272,13 +241,13 @@ async def test_the_engine_rules_serve_and_bound_the_output(
 
 
 async def test_budget_is_charged_the_engine_bound_without_max_tokens(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """Issue 9.1: omitting max_tokens must not shrink the charge below what may be generated."""
-    config = standard_config([engine.url]).tenant(
+    config = standard_admission_config([fake_engine.url]).tenant(
         "capped", key="sk-capped", tiers=["batch"], limits=[(60, 300)]
     )
-    client, _ = await start_gateway(config.obj())
+    client, _ = await gateway_client(config.obj())
     capped = {"Authorization": "Bearer sk-capped"}
     bounded = await client.post(
         "/v1/completions", json=completion(prompt=[1] * 10, max_tokens=100), headers=capped
@@ -289,14 +258,14 @@ async def test_budget_is_charged_the_engine_bound_without_max_tokens(
     )
     assert bounded.status == 200, await bounded.text()
     assert unbounded.status == 429, await unbounded.text()
-    assert len(engine.received) == 1
+    assert len(fake_engine.received) == 1
 
 
 async def test_upstream_body_is_json_whatever_the_caller_declared(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """``curl -d`` declares a form body; the engine must still be told it gets JSON."""
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     form_typed = {**ACME, "Content-Type": "application/x-www-form-urlencoded"}
 
     resp = await client.post(
@@ -304,7 +273,7 @@ async def test_upstream_body_is_json_whatever_the_caller_declared(
     )
 
     assert resp.status == 200
-    assert engine.headers[0]["Content-Type"] == "application/json"
+    assert fake_engine.headers[0]["Content-Type"] == "application/json"
 
 
 @pytest.mark.parametrize(
@@ -317,24 +286,24 @@ async def test_upstream_body_is_json_whatever_the_caller_declared(
     ids=["chat-interactive", "completions-fall-to-lowest", "unlabelled-tenant-on-chat"],
 )
 async def test_tier_comes_from_path_and_tenant(
-    engine: FakeEngine,
-    start_gateway: Start,
+    fake_engine: FakeEngine,
+    gateway_client: GatewayClientFactory,
     path: str,
     headers: dict[str, str],
     tier_priority: int,
 ) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     body = chat(max_tokens=2) if path.endswith("chat/completions") else completion(max_tokens=2)
     resp = await client.post(path, json=body, headers=headers)
     assert resp.status == 200, await resp.text()
-    assert engine.received[0]["priority"] == tier_priority
+    assert fake_engine.received[0]["priority"] == tier_priority
 
 
 @pytest.mark.parametrize("caller_wants_usage", [False, True], ids=["usage-stripped", "usage-kept"])
 async def test_stream_usage_chunk_only_when_asked(
-    engine: FakeEngine, start_gateway: Start, caller_wants_usage: bool
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory, caller_wants_usage: bool
 ) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    client, gateway = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     body = completion(max_tokens=5, stream=True)
     if caller_wants_usage:
         body["stream_options"] = {"include_usage": True}
@@ -345,22 +314,22 @@ async def test_stream_usage_chunk_only_when_asked(
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert len([c for c in chunks if c["choices"]]) == 5
     assert any(c.get("usage") for c in chunks) == caller_wants_usage
-    assert engine.received[0]["stream_options"] == {"include_usage": True}  # always asked
+    assert fake_engine.received[0]["stream_options"] == {"include_usage": True}  # always asked
     snap = gateway.runtimes["tiny"].snapshot()
     assert snap.in_use_tokens == 0 and snap.in_flight == 0
 
 
 async def test_budget_charged_at_admission_rejects_with_retry_after(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=50)
-        .pool("tiny", [engine.url])
+        .pool("tiny", [fake_engine.url])
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 100)])
         .obj()
     )
-    client, _ = await start_gateway(config)
+    client, _ = await gateway_client(config)
     # each reserves prompt (few tokens) + 40 output: two fit in 100, the third does not
     first = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
     second = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
@@ -370,18 +339,18 @@ async def test_budget_charged_at_admission_rejects_with_retry_after(
     assert third.status == 429
     assert int(third.headers["Retry-After"]) >= 1
     assert (await third.json())["error"]["code"] == "budget_exceeded"
-    assert len(engine.received) == 2
+    assert len(fake_engine.received) == 2
 
 
 async def test_over_budget_demotes_to_the_next_tier(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50)
         .tier("batch", floor=30)
         .rule("interactive", path_prefix="/v1/completions")
-        .pool("tiny", [engine.url])
+        .pool("tiny", [fake_engine.url])
         .tenant(
             "acme",
             key="sk-acme",
@@ -391,11 +360,11 @@ async def test_over_budget_demotes_to_the_next_tier(
         )
         .obj()
     )
-    client, _ = await start_gateway(config)
+    client, _ = await gateway_client(config)
     for _ in range(2):
         resp = await client.post("/v1/completions", json=completion(max_tokens=40), headers=ACME)
         assert resp.status == 200
-    assert [b["priority"] for b in engine.received] == [0, 1]  # the second one ran as batch
+    assert [b["priority"] for b in fake_engine.received] == [0, 1]  # the second one ran as batch
     metrics = (await (await client.get("/metrics")).text()).splitlines()
     assert any(
         line.startswith("kvpool_gateway_admission_decisions_total") and 'outcome="demoted"' in line
@@ -403,15 +372,17 @@ async def test_over_budget_demotes_to_the_next_tier(
     )
 
 
-async def test_engine_down_is_503_and_everything_is_released(start_gateway: Start) -> None:
+async def test_engine_down_is_503_and_everything_is_released(
+    gateway_client: GatewayClientFactory,
+) -> None:
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=50)
         .pool("tiny", ["http://127.0.0.1:9"])  # discard port: nothing listens
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=[(60, 1000)])
         .obj()
     )
-    client, gateway = await start_gateway(config, health_probe_interval=0)  # passive only
+    client, gateway = await gateway_client(config, health_probe_interval=0)  # passive only
     resp = await client.post("/v1/completions", json=completion(max_tokens=10), headers=ACME)
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "engine_unavailable"
@@ -432,42 +403,46 @@ async def test_engine_down_is_503_and_everything_is_released(start_gateway: Star
     assert (await again.json())["error"]["code"] == "no_ready_replica"
 
 
-async def test_engine_5xx_is_502(engine: FakeEngine, start_gateway: Start) -> None:
-    engine.status = 500
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+async def test_engine_5xx_is_502(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    fake_engine.status = 500
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     resp = await client.post("/v1/completions", json=completion(), headers=ACME)
     assert resp.status == 502
     assert "engine says no" in (await resp.json())["error"]["message"]
 
 
 async def test_client_disconnect_cancels_upstream_and_releases(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
-    engine.chunk_delay = 0.05
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+    fake_engine.chunk_delay = 0.05
+    client, gateway = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     resp = await client.post(
         "/v1/completions", json=completion(max_tokens=200, stream=True), headers=ACME
     )
     assert resp.status == 200
     await resp.content.readline()
     resp.close()  # the client goes away mid-stream
-    for _ in range(100):
-        snap = gateway.runtimes["tiny"].snapshot()
-        if snap.in_flight == 0 and engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
-    assert engine.cancelled == 1
+    await wait_until_async(
+        lambda: gateway.runtimes["tiny"].snapshot().in_flight == 0 and fake_engine.cancelled,
+        5,
+        "the upstream request cancelled and the reservation released",
+    )
+    assert fake_engine.cancelled == 1
     assert gateway.runtimes["tiny"].snapshot().in_use_tokens == 0
 
 
-async def test_reload_keeps_in_flight_requests(engine: FakeEngine, start_gateway: Start) -> None:
-    engine.delay = 0.3
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+async def test_reload_keeps_in_flight_requests(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    fake_engine.delay = 0.3
+    client, gateway = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     pending = asyncio.ensure_future(
         client.post("/v1/completions", json=completion(max_tokens=3), headers=ACME)
     )
-    await asyncio.sleep(0.1)
-    new = standard_config([engine.url], tokens_per_replica=4096)
+    await wait_until_async(lambda: fake_engine.received, 5, "the request reaching the engine")
+    new = standard_admission_config([fake_engine.url], tokens_per_replica=4096)
     new.tenant("newcomer", key="sk-new", tiers=["batch"])
     gateway.apply_config(new.obj())
     resp = await pending
@@ -479,8 +454,10 @@ async def test_reload_keeps_in_flight_requests(engine: FakeEngine, start_gateway
     assert newcomer.status == 200
 
 
-async def test_models_health_and_metrics(engine: FakeEngine, start_gateway: Start) -> None:
-    client, _ = await start_gateway(standard_config([engine.url]).obj())
+async def test_models_health_and_metrics(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    client, _ = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     models = await (await client.get("/v1/models", headers=ACME)).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
     assert (await client.get("/v1/models")).status == 401
@@ -499,18 +476,18 @@ async def test_models_health_and_metrics(engine: FakeEngine, start_gateway: Star
 
 
 async def test_queue_wait_beyond_the_tier_promise_is_rejected_at_once(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """One slot, a slow engine: later requests queue, and time out at maxQueueWait (503)."""
-    engine.delay = 1.0
+    fake_engine.delay = 1.0
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=100, wait=0.2)
-        .pool("tiny", [engine.url], slots_per_replica=1)
+        .pool("tiny", [fake_engine.url], slots_per_replica=1)
         .tenant("acme", key="sk-acme", tiers=["batch"])
         .obj()
     )
-    client, _ = await start_gateway(config)
+    client, _ = await gateway_client(config)
     results = await asyncio.gather(
         *(
             client.post("/v1/completions", json=completion(max_tokens=2), headers=ACME)
@@ -525,18 +502,18 @@ async def test_queue_wait_beyond_the_tier_promise_is_rejected_at_once(
 
 
 async def test_plan_share_splits_the_plan_between_gateway_replicas(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """Two gateways at 50% each admit, together, no more than the plan: 2 slots -> 1 each."""
-    engine.delay = 1.0
+    fake_engine.delay = 1.0
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("batch", floor=100, wait=0.2)
-        .pool("tiny", [engine.url], slots_per_replica=2)
+        .pool("tiny", [fake_engine.url], slots_per_replica=2)
         .tenant("acme", key="sk-acme", tiers=["batch"])
         .obj()
     )
-    client, gateway = await start_gateway(config, plan_share_percent=50)
+    client, gateway = await gateway_client(config, plan_share_percent=50)
 
     assert gateway.runtimes["tiny"].pool.slots_per_replica == 1
     results = await asyncio.gather(
@@ -548,8 +525,10 @@ async def test_plan_share_splits_the_plan_between_gateway_replicas(
     assert sorted(r.status for r in results) == [200, 503]
 
 
-async def test_session_pool_reuses_connections(engine: FakeEngine, start_gateway: Start) -> None:
-    client, gateway = await start_gateway(standard_config([engine.url]).obj())
+async def test_session_pool_reuses_connections(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    client, gateway = await gateway_client(standard_admission_config([fake_engine.url]).obj())
     for _ in range(5):
         assert (await client.post("/v1/completions", json=completion(), headers=ACME)).status == 200
     assert gateway._session is not None
@@ -620,17 +599,17 @@ def test_tokenizer_cache_loads_once_and_never_raises(tmp_path: Path, setup: str)
 
 
 async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
-    engine: FakeEngine,
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """Given Redis unreachable and the --fail-closed-tier flag naming batch, the TierPolicy
     wins: interactive declares budgetUnavailable Reject (503 + Retry-After), batch declares
     Allow (served from the local allowance); the fallback metric counts exactly that."""
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, budget_unavailable="Reject")
         .tier("batch", floor=30, budget_unavailable="Allow")
         .rule("interactive", path_prefix="/v1/chat")
-        .pool("tiny", [engine.url])
+        .pool("tiny", [fake_engine.url])
         .tenant("acme", key="sk-acme", tiers=["interactive", "batch"], limits=[(60, 10_000)])
         .obj()
     )
@@ -640,28 +619,16 @@ async def test_tier_policy_decides_what_a_tier_gets_while_redis_is_down(
         FailoverPolicy(fail_closed_tiers=frozenset({"batch"})),
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
     )
-    gateway = Gateway(
-        config,
-        store,
-        settings=GatewaySettings(access_log=False, metrics_on_api_port=True),
-        metrics=metrics,
-    )
-    client = TestClient(TestServer(gateway.app()))
-    await client.start_server()
-    try:
-        rejected = await client.post("/v1/chat/completions", json=chat(), headers=ACME)
-        assert rejected.status == 503 and "Retry-After" in rejected.headers
-        assert (await rejected.json())["error"]["code"] == "budget_unavailable"
-        served = await client.post("/v1/completions", json=completion(max_tokens=4), headers=ACME)
-        assert served.status == 200
-        text = await (await client.get("/metrics")).text()
-        assert (
-            'kvpool_gateway_budget_fallback_total{result="reject",tier="interactive"} 1.0' in text
-        )
-        assert 'kvpool_gateway_budget_fallback_total{result="local",tier="batch"} 1.0' in text
-        assert 'result="local",tier="interactive"' not in text
-    finally:
-        await client.close()
+    client, _ = await gateway_client(config, store, metrics=metrics)
+    rejected = await client.post("/v1/chat/completions", json=chat(), headers=ACME)
+    assert rejected.status == 503 and "Retry-After" in rejected.headers
+    assert (await rejected.json())["error"]["code"] == "budget_unavailable"
+    served = await client.post("/v1/completions", json=completion(max_tokens=4), headers=ACME)
+    assert served.status == 200
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_budget_fallback_total{result="reject",tier="interactive"} 1.0' in text
+    assert 'kvpool_gateway_budget_fallback_total{result="local",tier="batch"} 1.0' in text
+    assert 'result="local",tier="interactive"' not in text
 
 
 def _vllm_metrics(usage: float, preemptions: int) -> str:
@@ -683,42 +650,42 @@ async def _metric(client: TestClient[Any, Any], name: str, **labels: str) -> flo
     return float("nan")
 
 
-async def _until(check: Callable[[], Awaitable[bool]], seconds: float = 5.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 async def test_engines_near_full_pause_borrowing_and_preemptions_back_off(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """Issue 8.3: the engines' own /metrics correct admission."""
-    engine.delay = 0.3
-    engine.metrics_text = _vllm_metrics(0.5, 0)
-    client, gateway = await start_gateway(
-        standard_config([engine.url]).obj(), engine_poll_seconds=0.05
+    fake_engine.delay = 0.3
+    fake_engine.metrics_text = _vllm_metrics(0.5, 0)
+    client, gateway = await gateway_client(
+        standard_admission_config([fake_engine.url]).obj(), engine_poll_seconds=0.05
     )
-    assert await _until(
-        lambda: _ok(_metric(client, "kvpool_gateway_overcommit_ratio", tier="batch"), below=1.0)
-    ), "the batch ratio never crept down while the engine reported no preemptions"
+    await wait_until_async(
+        lambda: _ok(_metric(client, "kvpool_gateway_overcommit_ratio", tier="batch"), below=1.0),
+        5,
+        "the batch ratio creeping down while the engine reports no preemptions",
+    )
 
-    engine.metrics_text = _vllm_metrics(0.99, 0)
-    assert await _until(
-        lambda: _ok(_metric(client, "kvpool_gateway_borrowing_paused", pool="tiny"), above=0.5)
+    fake_engine.metrics_text = _vllm_metrics(0.99, 0)
+    await wait_until_async(
+        lambda: _ok(_metric(client, "kvpool_gateway_borrowing_paused", pool="tiny"), above=0.5),
+        5,
+        "borrowing paused on an engine 99 % full",
     )
     # batch's floor is 614 tokens / 2 slots: two requests of ~520 tokens each exceed it
     big = completion(prompt=[1] * 400, max_tokens=100)
+    runtime = gateway.runtimes["tiny"]
     first = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
-    await asyncio.sleep(0.1)
+    await wait_until_async(lambda: fake_engine.received, 5, "the first request at the engine")
     second = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
-    await asyncio.sleep(0.1)
-    snap = gateway.runtimes["tiny"].snapshot()
+    await wait_until_async(
+        lambda: runtime.snapshot().in_flight + runtime.snapshot().queued == 2,
+        5,
+        "the second request admitted or queued",
+    )
+    snap = runtime.snapshot()
     assert (snap.in_flight, snap.queued) == (1, 1), "a borrower started while paused"
 
-    engine.metrics_text = _vllm_metrics(0.5, 7)  # room again, but the engine preempted
+    fake_engine.metrics_text = _vllm_metrics(0.5, 7)  # room again, but the engine preempted
     responses = await asyncio.gather(first, second)
     assert [r.status for r in responses] == [200, 200]
     ratio = await _metric(client, "kvpool_gateway_overcommit_ratio", tier="batch")
@@ -736,21 +703,21 @@ async def _ok(
 
 
 async def test_ttft_over_the_target_throttles_what_is_lent_below(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """Issue 8.4: streamed TTFT above the interactive target lowers the lent limit."""
-    engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
+    fake_engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
     config = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=5.0, ttft=0.01)
         .tier("batch", floor=30, wait=5.0)
         .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
-        .pool("tiny", [engine.url])
+        .pool("tiny", [fake_engine.url])
         .tenant(
             "acme", key="sk-acme", tiers=["interactive", "batch"], labels={"class": "interactive"}
         )
     )
-    client, gateway = await start_gateway(config.obj(), engine_poll_seconds=0)
+    client, gateway = await gateway_client(config.obj(), engine_poll_seconds=0)
     assert await _metric(client, "kvpool_gateway_lent_limit", tier="interactive") == 8.0
     for _ in range(20):
         resp = await client.post(
@@ -769,7 +736,7 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
 def _held_config(url: str, ttft: float | None) -> AdmissionConfig:
     """interactive (with or without a ttftP95Target) and batch on one replica."""
     return (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", floor=50, wait=5.0, ttft=ttft)
         .tier("batch", floor=30, wait=5.0)
         .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
@@ -784,10 +751,7 @@ async def _seconds_until(predicate: Callable[[], bool], timeout: float, what: st
     """Seconds until ``predicate`` held (polled on the loop); fails with ``what``."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    while not predicate():
-        if loop.time() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
+    await wait_until_async(predicate, timeout, what, interval=0.01)
     return loop.time() - start
 
 
@@ -797,25 +761,27 @@ async def _seconds_until(predicate: Callable[[], bool], timeout: float, what: st
     ids=["held-until-the-first-token", "held-at-most-the-target", "no-target-no-hold"],
 )
 async def test_interactive_prefill_holds_batch_off_its_replica(
-    start_gateway: Start, ttft: float | None, stream: bool, held: str
+    gateway_client: GatewayClientFactory, ttft: float | None, stream: bool, held: str
 ) -> None:
     """While an interactive request (tier with a ttftP95Target) waits for its first token,
     no batch request is sent to its replica: the engine would run both prefills in one
     step. The engine answers each request after 0.8 s, then streams a token every 0.5 s."""
-    engine = await FakeEngine(delay=0.8, chunk_delay=0.5).start()
+    fake_engine = await FakeEngine(delay=0.8, chunk_delay=0.5).start()
     try:
-        client, _ = await start_gateway(_held_config(engine.url, ttft))
+        client, _ = await gateway_client(_held_config(fake_engine.url, ttft))
         chat_task = asyncio.create_task(
             client.post(
                 "/v1/chat/completions", json=chat(stream=stream, max_tokens=4), headers=ACME
             )
         )
-        await _seconds_until(lambda: len(engine.received) == 1, 2.0, "the chat reaches the engine")
+        await _seconds_until(
+            lambda: len(fake_engine.received) == 1, 2.0, "the chat reaches the engine"
+        )
         batch_task = asyncio.create_task(
             client.post("/v1/completions", json=completion(max_tokens=2), headers=BULK)
         )
         waited = await _seconds_until(
-            lambda: len(engine.received) == 2, 3.0, "the batch reaches it"
+            lambda: len(fake_engine.received) == 2, 3.0, "the batch reaches it"
         )
         if held == "no":
             assert waited < 0.4, f"batch waited {waited:.2f}s with no hold"
@@ -829,17 +795,18 @@ async def test_interactive_prefill_holds_batch_off_its_replica(
         await chat_resp.read()
         await batch_resp.read()
     finally:
-        await engine.stop()
+        await fake_engine.stop()
 
 
 async def test_usage_gauges_of_replicas_no_longer_polled_are_dropped(
-    engine: FakeEngine, start_gateway: Start
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:
     """kvpool_gateway_engine_kv_usage{pool,replica} follows the replicas the gateway polls:
     a replica that left the config, and a pool that did, leave no stale series."""
-    engine.metrics_text = _vllm_metrics(0.42, 0)
-    _, gateway = await start_gateway(
-        standard_config([engine.url, engine.url]).obj(), engine_poll_seconds=0.05
+    fake_engine.metrics_text = _vllm_metrics(0.42, 0)
+    _, gateway = await gateway_client(
+        standard_admission_config([fake_engine.url, fake_engine.url]).obj(),
+        engine_poll_seconds=0.05,
     )
 
     def usage(replica: str, pool: str = "tiny") -> float | None:
@@ -848,12 +815,14 @@ async def test_usage_gauges_of_replicas_no_longer_polled_are_dropped(
         )
 
     await _seconds_until(lambda: usage("tiny-1") == 0.42, 3.0, "both replicas are polled")
-    gateway.apply_config(standard_config([engine.url]).obj())
+    gateway.apply_config(standard_admission_config([fake_engine.url]).obj())
     await _seconds_until(lambda: usage("tiny-1") is None, 3.0, "tiny-1's gauge is dropped")
     assert usage("tiny-0") == 0.42
-    gateway.apply_config(standard_config([engine.url]).pool("other", [engine.url]).obj())
+    gateway.apply_config(
+        standard_admission_config([fake_engine.url]).pool("other", [fake_engine.url]).obj()
+    )
     await _seconds_until(lambda: usage("other-0", "other") == 0.42, 3.0, "the other pool is polled")
-    only_other = ConfigBuilder().tier("interactive", floor=50).tier("batch", floor=30)
-    gateway.apply_config(only_other.pool("other", [engine.url]).obj())
+    only_other = AdmissionConfigBuilder().tier("interactive", floor=50).tier("batch", floor=30)
+    gateway.apply_config(only_other.pool("other", [fake_engine.url]).obj())
     await _seconds_until(lambda: usage("tiny-0") is None, 3.0, "the removed pool's gauge goes")
     assert usage("other-0", "other") == 0.42

@@ -24,9 +24,14 @@ import pytest
 from kopf.testing import KopfRunner
 
 from kvpool.api import API_VERSION
-from tests.operator_builders import declared_pool, make_budget, standard_policy
+from tests.builders import (
+    declared_modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
 from tests.support.kube import JSON_PATCH, MERGE_PATCH, KubeApi, load_crds, resource_path
 from tests.support.kube_emulator import kopf_peering_crds
+from tests.support.waiting import wait_until, wait_until_async
 
 CRDS = load_crds()
 FINALIZER = "kvpool.dev/test-cleanup"
@@ -55,16 +60,18 @@ def build_pool(
         meta["labels"] = labels
     if finalizers:
         meta["finalizers"] = finalizers
-    spec = declared_pool().dict()["spec"]  # valid: the emulator enforces the CRD schema
+    spec = declared_modelpool_manifest().dict()[
+        "spec"
+    ]  # valid: the emulator enforces the CRD schema
     spec["model"]["name"] = model
     return {"apiVersion": API_VERSION, "kind": "ModelPool", "metadata": meta,
             "spec": spec, **extra}  # fmt: skip
 
 
 VALID_SPECS = {
-    "ModelPool": lambda: declared_pool().dict()["spec"],
-    "TierPolicy": lambda: standard_policy().dict()["spec"],
-    "TenantBudget": lambda: make_budget("acme").dict()["spec"],
+    "ModelPool": lambda: declared_modelpool_manifest().dict()["spec"],
+    "TierPolicy": lambda: standard_tierpolicy_manifest().dict()["spec"],
+    "TenantBudget": lambda: tenantbudget_manifest("acme").dict()["spec"],
 }
 
 
@@ -336,7 +343,8 @@ async def test_watch_delivers_changes_made_while_it_is_open(kube_api: KubeApi) -
                     return
 
         watching = asyncio.create_task(follow())
-        await asyncio.sleep(0.1)  # usually connected by now; resuming from `since` covers late
+        # resuming from `since` would cover a late connection; waiting keeps the test honest
+        await wait_until_async(lambda: len(kube_api.emulator[kmock.action.WATCH]), 5, "a watch")
         await client.create(pools(), build_pool("a"))
         await client.delete(pools(name="a"))
         await asyncio.wait_for(watching, timeout=5)
@@ -544,15 +552,6 @@ def kopf_operator(kube_api: KubeApi) -> Iterator[kopf.OperatorRegistry]:
     yield registry
 
 
-def wait_for(fetch: Any, predicate: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if predicate(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
-
-
 def test_kopf_operator_handles_a_modelpool_lifecycle(
     kube_api: KubeApi, kopf_operator: kopf.OperatorRegistry
 ) -> None:
@@ -562,11 +561,13 @@ def test_kopf_operator_handles_a_modelpool_lifecycle(
 
     with KopfRunner(["run", "-A", "--standalone"], registry=kopf_operator, timeout=10) as runner:
         client.create(pools(), build_pool("a"))
-        created = wait_for(get_pool, lambda r: r.body.get("status", {}).get("phase"))
+        created = wait_until(lambda: (r := get_pool()).body.get("status", {}).get("phase") and r)
         client.patch(pools(name="a"), {"spec": {"model": {"name": "big"}}})
-        updated = wait_for(get_pool, lambda r: r.body["status"].get("observedGeneration") == 2)
+        updated = wait_until(
+            lambda: (r := get_pool()).body["status"].get("observedGeneration") == 2 and r
+        )
         client.delete(pools(name="a"))
-        gone = wait_for(get_pool, lambda r: r.status == 404)
+        gone = wait_until(lambda: (r := get_pool()).status == 404 and r)
 
     assert runner.exit_code == 0
     assert created.body["status"]["phase"] == "tiny"
@@ -594,8 +595,8 @@ def test_kopf_operator_with_peering_announces_itself(
         ["run", "-A", "--peering=kvpool"], registry=kopf_operator, timeout=10
     ) as runner:
         kube_api.client.create(pools(), build_pool("a"))
-        served = wait_for(get_pool, lambda r: r.body.get("status", {}).get("phase"))
-        announced = wait_for(get_peering, lambda p: p.get("status"))
+        served = wait_until(lambda: (r := get_pool()).body.get("status", {}).get("phase") and r)
+        announced = wait_until(lambda: (p := get_peering()).get("status") and p)
 
     assert runner.exit_code == 0
     assert served.body["status"]["phase"] == "tiny"
@@ -638,7 +639,7 @@ def test_kubectl_watch_shows_changes_as_table_rows(kube_api: KubeApi) -> None:
     kube_api.client.create(pools(), build_pool("a"))
 
     def change_while_watching() -> None:
-        wait_for(lambda: len(kube_api.emulator[kmock.action.WATCH]), bool)  # kubectl watches
+        wait_until(lambda: len(kube_api.emulator[kmock.action.WATCH]), 5, "kubectl watching")
         kube_api.client.patch(pools(name="a", sub="status"), {"status": {"phase": "Serving"}})
 
     changer = threading.Thread(target=change_while_watching)

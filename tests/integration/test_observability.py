@@ -34,7 +34,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -57,7 +56,7 @@ from e2e.cluster_view import (
     published_config,
     write_manifests,
 )
-from e2e.components import NAMESPACE, POOL, kvpool_command, start_engines, wait_until
+from e2e.components import NAMESPACE, POOL, kvpool_command, start_engines
 
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
 from tests.operator_process import run_operator
@@ -68,6 +67,7 @@ from tests.support.processes import ManagedProcess
 from tests.support.prometheus import PrometheusServer, ScrapeTarget
 from tests.support.promql import metric_names
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 
 EMPTY = AdmissionConfig(namespace=NAMESPACE)  # stands in until the ConfigMap exists
 
@@ -406,11 +406,12 @@ def kill_engine_mid_request(engine: VllmEngine, gateway: str, key: str) -> list[
         thread.start()
     running = re.compile(r"^vllm:num_requests_running\{[^}]*\} [1-9]", flags=re.MULTILINE)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not running.search(
-            fetch(f"{engine.base_url}/metrics")
-        ):
-            time.sleep(0.01)
+        wait_until(
+            lambda: running.search(fetch(f"{engine.base_url}/metrics")),
+            30,
+            "requests running on the engine",
+            interval=0.01,
+        )
     finally:
         engine.process.kill()  # SIGKILL: on SIGTERM vLLM would finish the requests first
         for thread in threads:

@@ -16,14 +16,21 @@ import hashlib
 import json
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import kmock
 
-from tests.operator_builders import declared_pool, make_budget, make_secret, standard_policy
-from tests.operator_process import OperatorProcess, run_operator, wait_until
+from tests.builders import (
+    apikey_secret_manifest,
+    declared_modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
+from tests.operator_process import OperatorProcess, run_operator
 from tests.support.kube import KubeApi, resource_path
+from tests.support.waiting import wait_until
 
 NS = "default"
 API_KEY = "sk-acme-123"
@@ -54,7 +61,7 @@ def names(kube: KubeApi, plural: str, api: str = "v1") -> list[str]:
 
 
 def pool_builder(name: str = "chat", peak: int = 6) -> Any:
-    return declared_pool(name, peak)
+    return declared_modelpool_manifest(name, peak)
 
 
 def status(kube: KubeApi, name: str = "chat") -> dict[str, Any]:
@@ -77,11 +84,11 @@ def events(kube: KubeApi, name: str = "chat") -> list[str]:
 
 
 def given_policy_tenant_and_pool(kube: KubeApi, peak: int = 6) -> None:
-    kube.client.create(core("secrets"), make_secret("acme-key", "api-key", API_KEY))
+    kube.client.create(core("secrets"), apikey_secret_manifest("acme-key", "api-key", API_KEY))
     kube.client.create(
-        tb(), make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000).dict()
+        tb(), tenantbudget_manifest("acme").tiers("interactive", "batch").limit("1h", 10_000).dict()
     )
-    kube.client.create(tp(), standard_policy().dict())
+    kube.client.create(tp(), standard_tierpolicy_manifest().dict())
     kube.client.create(mp(), pool_builder(peak=peak).dict())
 
 
@@ -255,16 +262,19 @@ def test_tenant_and_secret_changes_update_the_config(
 
     # When the key rotates, the digest follows
     kube_api.client.patch(
-        core("secrets", "acme-key"), {"data": make_secret("x", "api-key", "sk-new")["data"]}
+        core("secrets", "acme-key"),
+        {"data": apikey_secret_manifest("x", "api-key", "sk-new")["data"]},
     )
     wait_until(lambda: admission_config(kube_api)["tenants"][0]["keySha256"] == digest("sk-new"))
 
     # When a tenant is added without its Secret, it is left out until the Secret appears
-    kube_api.client.create(tb(), make_budget("beta").tiers("batch").dict())
+    kube_api.client.create(tb(), tenantbudget_manifest("beta").tiers("batch").dict())
     kube_api.client.patch(tb("acme"), {"spec": {"weight": 5}})
     wait_until(lambda: admission_config(kube_api)["tenants"][0]["weight"] == 5)
     assert [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme"]
-    kube_api.client.create(core("secrets"), make_secret("beta-key", "api-key", "sk-beta"))
+    kube_api.client.create(
+        core("secrets"), apikey_secret_manifest("beta-key", "api-key", "sk-beta")
+    )
     wait_until(
         lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme", "beta"]
     )
@@ -279,10 +289,10 @@ def test_only_labelled_secrets_are_read(kube_api: KubeApi, operator: OperatorPro
     wait_until(lambda: admission_config(kube_api)["tenants"])
 
     # When a tenant's key sits in a Secret without the kvpool.dev/api-key label
-    secret = make_secret("beta-key", "api-key", "sk-beta")
+    secret = apikey_secret_manifest("beta-key", "api-key", "sk-beta")
     del secret["metadata"]["labels"]
     kube_api.client.create(core("secrets"), secret)
-    kube_api.client.create(tb(), make_budget("beta").tiers("batch").dict())
+    kube_api.client.create(tb(), tenantbudget_manifest("beta").tiers("batch").dict())
 
     # Then the operator does not read it: the tenant is left out, and told why
     st = wait_until(lambda: kube_api.client.get(tb("beta")).get("status"))
@@ -299,6 +309,49 @@ def test_only_labelled_secrets_are_read(kube_api: KubeApi, operator: OperatorPro
     )
 
 
+def test_only_kvpool_deployments_are_watched(kube_api: KubeApi, operator: OperatorProcess) -> None:
+    """The API server selects the engine Deployments: one without kvpool's labels (a web
+    app's, or one carrying only ``kvpool.dev/pool``) never reaches the operator."""
+    engine = {"containers": [{"name": "web", "image": "nginx"}]}
+    for name, labels in [("web", {"app": "web"}), ("lookalike", {"kvpool.dev/pool": "chat"})]:
+        kube_api.client.create(
+            core("deployments", api="apps/v1"),
+            {"metadata": {"name": name, "labels": labels},
+             "spec": {"selector": {"matchLabels": labels}, "template": {
+                 "metadata": {"labels": labels}, "spec": engine}}},
+        )  # fmt: skip
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: names(kube_api, "deployments", api="apps/v1") == [
+        "chat-stable", "lookalike", "web"])  # fmt: skip
+
+    def deployment_reads() -> list[Any]:
+        """The operator's list and watch requests of Deployments (named reads aside)."""
+        return [
+            r
+            for r in kube_api.call(lambda e: list(e._requests))
+            if r.headers.get("User-Agent", "").startswith(("kvpool-operator", "kopf/"))
+            and r.resource is not None
+            and r.resource.plural == "deployments"
+            and str(r.method.value) == "GET"
+            and not r.name
+        ]
+
+    reads = wait_until(lambda: [r for r in deployment_reads() if r.params.get("watch")])
+    for request in [*deployment_reads(), *reads]:
+        selector = request.params.get("labelSelector") or ""
+        assert set(selector.split(",")) >= {
+            "kvpool.dev/pool",
+            "app.kubernetes.io/managed-by=kvpool",
+        }, request.params
+    # what that selector lets through: the engine Deployment only
+    selected = kube_api.client.get(
+        core("deployments", api="apps/v1")
+        + "?labelSelector="
+        + urllib.parse.quote(reads[0].params["labelSelector"])
+    )
+    assert [d["metadata"]["name"] for d in selected["items"]] == ["chat-stable"]
+
+
 def test_a_missing_tier_policy_blocks_changes_until_it_appears(
     kube_api: KubeApi, operator: OperatorProcess
 ) -> None:
@@ -312,7 +365,7 @@ def test_a_missing_tier_policy_blocks_changes_until_it_appears(
     assert "TierPolicyNotFound" in wait_until(lambda: events(kube_api))
 
     # When the policy appears, the pool recovers
-    kube_api.client.create(tp(), standard_policy().dict())
+    kube_api.client.create(tp(), standard_tierpolicy_manifest().dict())
     wait_until(lambda: condition(status(kube_api), "Ready") == ("False", "ReplicasNotReady"))
     assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
     assert status(kube_api)["plan"]["replicas"] == 2

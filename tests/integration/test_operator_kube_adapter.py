@@ -11,8 +11,9 @@ import pytest
 from kvpool.adapters import kube
 from kvpool.controller.leader import LeaderElector
 from kvpool.domain import manifests as m
-from tests.operator_builders import make_pool, served_pool
+from tests.builders import modelpool_manifest, served_modelpool
 from tests.support.kube import KubeApi
+from tests.support.waiting import ManualClock
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ async def client(kube_api: KubeApi) -> AsyncIterator[kube.KubeClient]:
 
 def _deployment(replicas: int = 2, **engine: Any) -> dict[str, Any]:
     return m.build_deployment(
-        served_pool(make_pool("chat").engine(**engine)), "rev1", replicas, "stable"
+        served_modelpool(modelpool_manifest("chat").engine(**engine)), "rev1", replicas, "stable"
     )
 
 
@@ -62,7 +63,7 @@ async def test_a_conflict_on_create_becomes_an_update(
     kube_api.emulator["get", kmock.resource("", "v1", "services")][:1] << 404
 
     service, action = await kube.apply_service(
-        client, m.build_service(served_pool(make_pool("chat")), "stable")
+        client, m.build_service(served_modelpool(modelpool_manifest("chat")), "stable")
     )
 
     assert action == "updated"
@@ -93,7 +94,10 @@ async def test_a_client_error_is_raised_not_retried(
 
 
 async def test_cleanup_deletes_only_the_pools_children(client: kube.KubeClient) -> None:
-    pool, other = served_pool(make_pool("chat")), served_pool(make_pool("other"))
+    pool, other = (
+        served_modelpool(modelpool_manifest("chat")),
+        served_modelpool(modelpool_manifest("other")),
+    )
     for p in (pool, other):
         await kube.apply_deployment(client, m.build_deployment(p, "r", 1, "stable"))
         await kube.apply_service(client, m.build_service(p, "stable"))
@@ -135,7 +139,7 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
     client: kube.KubeClient, kube_api: KubeApi
 ) -> None:
     """Two electors, one clock: one leads; the other takes over only after expiry."""
-    now = [1000.0]
+    now = ManualClock(1000.0)
     started: list[str] = []
 
     def elector(identity: str) -> LeaderElector:
@@ -143,7 +147,7 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
             started.append(identity)
 
         return LeaderElector(
-            client, "default", "lease", identity, duration=15.0, clock=lambda: now[0],
+            client, "default", "lease", identity, duration=15.0, clock=now,
             on_started=on_started,
         )  # fmt: skip
 
@@ -152,11 +156,11 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
     await b.step()
     assert (a.leading, b.leading, started) == (True, False, ["a"])
 
-    now[0] += 14.0  # a has not renewed for 14 s: still within its 15 s lease
+    now.advance(14.0)  # a has not renewed for 14 s: still within its 15 s lease
     await b.step()
     assert not b.leading
 
-    now[0] += 2.0  # 16 s: expired; a would not act any more either (renew deadline 10 s)
+    now.advance(2.0)  # 16 s: expired; a would not act any more either (renew deadline 10 s)
     await b.step()
     await a.step()
     lease = kube_api.client.get("/apis/coordination.k8s.io/v1/namespaces/default/leases/lease")

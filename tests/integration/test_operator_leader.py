@@ -9,27 +9,21 @@ the hand-over takes about one retry.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 from tests.integration.test_operator import given_policy_tenant_and_pool, mp, pool_builder, status
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
 from tests.support.kube import KubeApi, resource_path
+from tests.support.waiting import wait_until
 
 LEASE = resource_path("coordination.k8s.io/v1", "leases", "default", "kvpool-operator")
 DURATION = 3.0
-RECONCILES = re.compile(r'^kvpool_operator_reconciles_total\{result="ok"\} (\S+)$', re.M)
 
 
 def holder(kube: KubeApi) -> str | None:
     lease = kube.client.request("GET", LEASE)
     return lease.body["spec"].get("holderIdentity") if lease.status == 200 else None
-
-
-def reconciles(op: OperatorProcess) -> float:
-    found = RECONCILES.search(op.metrics())
-    return float(found.group(1)) if found else 0.0
 
 
 def replica(kube: KubeApi, workdir: Path, name: str) -> OperatorProcess:
@@ -49,10 +43,10 @@ def test_two_replicas_one_acts_and_the_other_takes_over(kube_api: KubeApi, tmp_p
         given_policy_tenant_and_pool(kube_api)
         wait_until(lambda: status(kube_api).get("plan"))
 
-        # Then only a acts, over several timer ticks (1 s) in which a leader re-plans
-        time.sleep(2.5)
-        assert reconciles(a) >= 2
-        assert reconciles(b) == 0
+        # Then only a acts, over two timer ticks (1 s) in which a leader re-plans
+        ticks = a.reconciles()
+        wait_until(lambda: a.reconciles() >= ticks + 2, 10, "two timer re-plans by the leader")
+        assert b.reconciles() == 0
         assert "kvpool_operator_leader 1.0" in a.metrics()
         assert "kvpool_operator_leader 0.0" in b.metrics()
         assert holder(kube_api) == "a"
@@ -66,17 +60,18 @@ def test_two_replicas_one_acts_and_the_other_takes_over(kube_api: KubeApi, tmp_p
         # and acts: a pool created now is planned by b
         kube_api.client.create(mp(), pool_builder("second").dict())
         wait_until(lambda: status(kube_api, "second").get("plan"))
-        assert reconciles(b) >= 1
+        assert b.reconciles() >= 1
 
         # When a comes back it stands by; when b stops gracefully, a takes over at once
         a.start()
-        time.sleep(1.0)
-        assert holder(kube_api) == "b" and reconciles(a) == 0
+        ticks = b.reconciles()
+        wait_until(lambda: b.reconciles() >= ticks + 1, 10, "a timer re-plan by b, a running")
+        assert holder(kube_api) == "b" and a.reconciles() == 0
         stopped = time.monotonic()
         b.stop()
         wait_until(lambda: holder(kube_api) == "a", timeout=DURATION * 3)
         assert time.monotonic() - stopped < DURATION, "a released Lease is taken at once"
-        wait_until(lambda: reconciles(a) >= 1)
+        wait_until(lambda: a.reconciles() >= 1)
     finally:
         b.stop()
         a.stop()

@@ -11,12 +11,10 @@ pool then releases the finalizer.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.gateway_builders import FakeEngine, GatewayProcess
 from tests.integration.test_operator import (
     API_KEY,
     admission_config,
@@ -26,8 +24,10 @@ from tests.integration.test_operator import (
     status,
     tp,
 )
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
+from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
 from tests.support.kube import KubeApi
+from tests.support.waiting import wait_until
 
 FINALIZER = "kvpool.dev/in-use"
 
@@ -51,52 +51,46 @@ async def until(fn: Any, timeout: float = 15.0) -> Any:
 
 
 async def test_deleting_a_policy_in_use_keeps_the_gateway_serving(
-    kube_api: KubeApi, operator: OperatorProcess, tmp_path: Path
+    kube_api: KubeApi,
+    operator: OperatorProcess,
+    fake_engine: FakeEngine,
+    gateway_process: GatewayProcesses,
 ) -> None:
-    engine = await FakeEngine().start()
-    gateway = GatewayProcess(
-        None,
-        tmp_path / "gateway.log",
-        configmap=("default", kube_api.url),
-        extra_args=("--reload-interval", "0.1"),
+    # Given a pool served by one engine, planned and published, and a gateway on it
+    given_policy_tenant_and_pool(kube_api)
+    rules = [{"pathPrefix": "/v1/", "tier": "interactive"}]
+    kube_api.client.patch(tp("tiers"), {"spec": {"classification": rules}})
+    kube_api.client.patch(
+        mp("chat"),
+        {"metadata": {"annotations": {"kvpool.dev/static-endpoints": f"e1={fake_engine.url}"}}},
     )
-    try:
-        # Given a pool served by one engine, planned and published, and a gateway on it
-        given_policy_tenant_and_pool(kube_api)
-        rules = [{"pathPrefix": "/v1/", "tier": "interactive"}]
-        kube_api.client.patch(tp("tiers"), {"spec": {"classification": rules}})
-        kube_api.client.patch(
-            mp("chat"),
-            {"metadata": {"annotations": {"kvpool.dev/static-endpoints": f"e1={engine.url}"}}},
+    await until(lambda: served(admission_config(kube_api)))
+    gateway = await gateway_process.started(
+        configmap=("default", kube_api.url), extra_args=("--reload-interval", "0.1")
+    )
+    async with aiohttp.ClientSession() as session:
+        assert await completion(session, gateway) == 200
+        await until(lambda: FINALIZER in kube_api.client.get(tp("tiers"))["metadata"].get(
+            "finalizers", []))  # fmt: skip
+
+        # When the policy is deleted, the finalizer holds it: nothing changes
+        kube_api.client.delete(tp("tiers"))
+        await until(lambda: kube_api.client.get(tp("tiers"))["metadata"]["deletionTimestamp"])
+        assert await completion(session, gateway) == 200
+
+        # When the finalizer is removed by hand, the policy is gone...
+        kube_api.client.patch(tp("tiers"), {"metadata": {"finalizers": None}})
+        await until(lambda: kube_api.client.request("GET", tp("tiers")).status == 404)
+        await until(lambda: condition(status(kube_api), "Ready") == ("False", "TierPolicyNotFound"))
+        kept = await until(lambda: admission_config(kube_api)["tierPolicies"][0])
+        assert kept["stale"] is True and "not found" in kept["staleReason"]
+        # ...and the gateway keeps serving with the last good compiled policy
+        await until(  # the gateway has reloaded the ConfigMap as published now
+            lambda: gateway.config_generated_at() == admission_config(kube_api)["generatedAt"]
         )
-        await until(lambda: served(admission_config(kube_api)))
-        await asyncio.to_thread(gateway.start)
-        async with aiohttp.ClientSession() as session:
-            assert await completion(session, gateway) == 200
-            await until(lambda: FINALIZER in kube_api.client.get(tp("tiers"))["metadata"].get(
-                "finalizers", []))  # fmt: skip
-
-            # When the policy is deleted, the finalizer holds it: nothing changes
-            kube_api.client.delete(tp("tiers"))
-            await until(lambda: kube_api.client.get(tp("tiers"))["metadata"]["deletionTimestamp"])
-            assert await completion(session, gateway) == 200
-
-            # When the finalizer is removed by hand, the policy is gone...
-            kube_api.client.patch(tp("tiers"), {"metadata": {"finalizers": None}})
-            await until(lambda: kube_api.client.request("GET", tp("tiers")).status == 404)
-            await until(
-                lambda: condition(status(kube_api), "Ready") == ("False", "TierPolicyNotFound")
-            )
-            kept = await until(lambda: admission_config(kube_api)["tierPolicies"][0])
-            assert kept["stale"] is True and "not found" in kept["staleReason"]
-            # ...and the gateway keeps serving with the last good compiled policy
-            await asyncio.sleep(0.5)  # past a config reload
-            statuses = [await completion(session, gateway) for _ in range(5)]
-            assert statuses == [200] * 5, gateway.log_tail()
-            assert len(engine.received) >= 7
-    finally:
-        await asyncio.to_thread(gateway.stop)
-        await engine.stop()
+        statuses = [await completion(session, gateway) for _ in range(5)]
+        assert statuses == [200] * 5, gateway.log_tail()
+        assert len(fake_engine.received) >= 7
 
 
 def test_deleting_the_last_pool_releases_the_policy(

@@ -20,6 +20,7 @@ import helm_python
 import pytest
 import yaml
 
+from tests.builders import tenantbudget_manifest
 from tests.integration.test_operator import (
     condition,
     core,
@@ -29,9 +30,9 @@ from tests.integration.test_operator import (
     tb,
     tp,
 )
-from tests.operator_builders import make_budget
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
 from tests.support.kube import KubeApi
+from tests.support.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvpool"
 RELEASE_NS = "kvpool-system"
@@ -67,10 +68,12 @@ def used_by_operator(kube: KubeApi, namespaced: bool) -> set[Grant]:
             scope = "watched" if namespaced else "cluster"
         watch = r.params.get("watch") in ("true", "1")
         used.add((group, resource, verb(str(r.method.value), bool(r.name), watch), scope))
-        if resource in ("secrets", "pods"):  # never all Secrets or Pods: label-selected
+        collection_read = str(r.method.value) == "GET" and not r.name
+        if resource in ("secrets", "pods") or (resource == "deployments" and collection_read):
+            # never all Secrets, Pods or Deployments: label-selected by the API server
             terms = (r.params.get("labelSelector") or "").split(",")
             keys = {term.split("=")[0] for term in terms}
-            assert keys & {"kvpool.dev/api-key", "kvpool.dev/pool"}, r.params
+            assert keys & {"kvpool.dev/api-key", "kvpool.dev/pool"}, (resource, r.params)
     return used
 
 
@@ -132,7 +135,7 @@ def run_scenario(kube: KubeApi) -> None:
         {"status": {"replicas": 4, "readyReplicas": 4}},
     )
     wait_until(lambda: status(kube)["replicas"]["ready"] == 4)
-    kube.client.create(tb(), make_budget("bad").tiers("gold").dict())
+    kube.client.create(tb(), tenantbudget_manifest("bad").tiers("gold").dict())
     wait_until(lambda: (kube.client.get(tb("bad")).get("status") or {}).get("conditions"))
     kube.client.delete(mp("chat"))
     wait_until(lambda: kube.client.request("GET", mp("chat")).status == 404)

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from tests.integration.test_operator import condition, events, given_policy_tenant_and_pool, status
-from tests.operator_process import run_operator, wait_until
+from tests.operator_process import run_operator
 from tests.support.engine import VllmEngine
 from tests.support.kube import KubeApi
 from tests.support.prometheus import PrometheusServer, ScrapeTarget
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 

@@ -26,8 +26,9 @@ from tests.integration.test_operator import (
     names,
     status,
 )
-from tests.operator_process import OperatorProcess, run_operator, wait_until
+from tests.operator_process import OperatorProcess, run_operator
 from tests.support.kube import KubeApi
+from tests.support.waiting import wait_until
 
 OLD, NEW, NEWER = "vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.12.0", "vllm/vllm-openai:v0.13.0"
 STABLE_URLS = "s1=http://127.0.0.1:9001,s2=http://127.0.0.1:9002"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.builders import standard_tierpolicy_manifest, tenantbudget_manifest
 from tests.integration.test_operator import (
     admission_config,
     condition,
@@ -26,16 +27,16 @@ from tests.integration.test_operator import (
     names,
 )
 from tests.invalid_objects import INVALID_CASES, PLURALS, InvalidCase, baseline_pool
-from tests.operator_builders import make_budget, standard_policy
-from tests.operator_process import OperatorProcess, wait_until
+from tests.operator_process import OperatorProcess
 from tests.support.kube import KubeApi, resource_path
+from tests.support.waiting import wait_until
 
 API = "kvpool.dev/v1alpha1"
 BASELINE = {
-    "TierPolicy": lambda: standard_policy().dict(),
+    "TierPolicy": lambda: standard_tierpolicy_manifest().dict(),
     "ModelPool": lambda: baseline_pool().dict(),
     "TenantBudget": lambda: (
-        make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000).dict()
+        tenantbudget_manifest("acme").tiers("interactive", "batch").limit("1h", 10_000).dict()
     ),
 }
 

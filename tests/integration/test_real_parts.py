@@ -262,7 +262,7 @@ def test_priority_orders_the_waiting_queue(engine: VllmEngine) -> None:
             ("high", 10, {"X-Vllm-Priority": "0"}),
         ]:
             queued.append(pool.submit(complete, name, priority, headers))
-            time.sleep(0.05)
+            time.sleep(0.05)  # real time on purpose: the engine orders arrivals by its clock
         for future in [blocker, *queued]:
             future.result()
     assert sorted(queue_ms, key=queue_ms.__getitem__) == ["high", "mid", "low"], queue_ms

@@ -23,27 +23,30 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.builders import make_policy
+from tests.builders import (
+    apikey_secret_manifest,
+    modelpool_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 from tests.integration.test_operator import admission_config, core, mp, names, status, tb, tp
 from tests.integration.test_operator_rollout import kubectl_kvpool
-from tests.operator_builders import make_budget, make_pool, make_secret
-from tests.operator_process import REPO, run_operator, wait_until
+from tests.operator_process import run_operator
 from tests.support.engine import VllmEngine
+from tests.support.gateway import GatewayProcess, GatewayProcesses
 from tests.support.kube import KubeApi
-from tests.support.ports import free_port
-from tests.support.processes import ManagedProcess
 from tests.support.prometheus import PrometheusServer, ScrapeTarget
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 
@@ -53,19 +56,20 @@ MEASUREMENT_INTERVAL = 15.0  # the operator's default --measure-interval
 
 def given_policy_tenant_and_pool(kube: KubeApi, stable_url: str, rollout: dict[str, Any]) -> None:
     """interactive (Host chat.local) 50% / batch (everything else) 40%, a tenant, a pool."""
-    kube.client.create(core("secrets"), make_secret("acme-key", "api-key", API_KEY))
+    kube.client.create(core("secrets"), apikey_secret_manifest("acme-key", "api-key", API_KEY))
     kube.client.create(
-        tb(), make_budget("acme").tiers("interactive", "batch").limit("1h", 10_000_000).dict()
+        tb(),
+        tenantbudget_manifest("acme").tiers("interactive", "batch").limit("1h", 10_000_000).dict(),
     )
     policy = (
-        make_policy()
+        tierpolicy_manifest()
         .tier("interactive", floor=50, lend=100, max_wait="20s")
         .tier("batch", floor=40, lend=50, max_wait="60s")
         .rule("interactive", host="chat.local")
     )
     kube.client.create(tp(), policy.dict())
     pool = (
-        make_pool("chat")
+        modelpool_manifest("chat")
         .lengths((50, 100), (16, 32))
         .engine(maxNumSeqs=8, maxModelLen=512)
         .replicas(1, 1)
@@ -133,53 +137,17 @@ def send(gateway: str, host: str, count: int, parallel: int = 4) -> list[int]:
 
 
 @pytest.fixture
-def gateway(kube_api: KubeApi, tmp_path: Path) -> Iterator[Callable[[], str]]:
+def gateway(kube_api: KubeApi, gateway_process: GatewayProcesses) -> Callable[[], GatewayProcess]:
     """Factory: ``kvpool gateway`` reading the operator's ConfigMap from the emulator (start
     it once the operator wrote the ConfigMap); stopped after the test."""
-    processes: list[ManagedProcess] = []
-
-    def start() -> str:
-        url = _start_gateway(kube_api, tmp_path, processes)
-        return url
-
-    try:
-        yield start
-    finally:
-        for process in processes:
-            process.stop()
+    return lambda: gateway_process(
+        configmap=("default", kube_api.url), extra_args=("--no-access-log",)
+    )
 
 
-def _start_gateway(kube_api: KubeApi, tmp_path: Path, processes: list[ManagedProcess]) -> str:
-    port = free_port()
-    argv = [
-        str(Path(os.sys.executable)),
-        "-m",
-        "kvpool.cli",
-        "gateway",
-        "--configmap",
-        "default",
-        "--kube-server",
-        kube_api.url,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--metrics-listen",
-        f"127.0.0.1:{free_port()}",
-        "--no-access-log",
-    ]
-    process = ManagedProcess(argv, tmp_path / "gateway.log", dict(os.environ), REPO)
-    processes.append(process)
-    process.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _ok(f"{url}/readyz"), timeout=30)
-    return url
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+def reloaded(gateway: GatewayProcess, kube: KubeApi) -> bool:
+    """The gateway has applied the admission config the operator publishes now."""
+    return gateway.config_generated_at() == admission_config(kube)["generatedAt"]
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +163,10 @@ def engines(vllm_engine_module: Any) -> dict[str, VllmEngine]:
 
 
 def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
-    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
+    kube_api: KubeApi,
+    engines: dict[str, VllmEngine],
+    gateway: Callable[[], GatewayProcess],
+    tmp_path: Path,
 ) -> None:
     stable, canary = engines["stable"], engines["half"]
     prom = PrometheusServer(tmp_path / "prom")
@@ -257,7 +228,8 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             )
 
             # Batch traffic through the gateway never reaches the canary...
-            url = gateway()
+            gw = gateway()
+            url = gw.url
             before = finished(canary)
             assert set(send(url, "batch.local", 12)) == {200}
             assert finished(canary) == before
@@ -266,7 +238,7 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             kubectl_kvpool(kube_api, tmp_path, "rollout", "resume", "chat")
             wait_until(lambda: tracks(kube_api)["canary"]["weight"] == 50, timeout=30)
             assert admission_config(kube_api)["pools"][0]["canaryTiers"] == ["interactive"]
-            time.sleep(2)  # the gateway polls the ConfigMap
+            wait_until(lambda: reloaded(gw, kube_api), 10, "the gateway reloading the config")
             before = finished(canary)
             assert set(send(url, "batch.local", 16)) == {200}
             assert finished(canary) == before
@@ -277,7 +249,7 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             kubectl_kvpool(kube_api, tmp_path, "rollout", "abort", "chat")
             wait_until(lambda: phase(kube_api)[0] == "Aborted", timeout=30)
             wait_until(lambda: tracks(kube_api)["canary"]["endpoints"] == [], timeout=30)
-            time.sleep(2)
+            wait_until(lambda: reloaded(gw, kube_api), 10, "the gateway reloading the config")
             before = finished(canary)
             assert set(send(url, "chat.local", 12)) == {200}
             assert finished(canary) == before
@@ -292,7 +264,10 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
 
 
 def test_a_healthy_canary_is_promoted_through_every_step(
-    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
+    kube_api: KubeApi,
+    engines: dict[str, VllmEngine],
+    gateway: Callable[[], GatewayProcess],
+    tmp_path: Path,
 ) -> None:
     stable, canary = engines["stable"], engines["equal"]
     prom = PrometheusServer(tmp_path / "prom")
@@ -335,7 +310,8 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             prom.set_targets(
                 {"vllm": [scrape(stable, first, "chat-stable-0"), scrape(canary, new, "c-0")]}
             )
-            url = gateway()
+            gw = gateway()
+            url = gw.url
             seen_steps: set[int] = set()
             killed_at: dict[str, Any] | None = None
             deadline = time.monotonic() + 150
@@ -375,7 +351,10 @@ def test_a_healthy_canary_is_promoted_through_every_step(
 
 
 def test_a_slower_canary_fails_the_ttft_gate_and_is_aborted(
-    kube_api: KubeApi, engines: dict[str, VllmEngine], gateway: Callable[[], str], tmp_path: Path
+    kube_api: KubeApi,
+    engines: dict[str, VllmEngine],
+    gateway: Callable[[], GatewayProcess],
+    tmp_path: Path,
 ) -> None:
     stable, canary = engines["stable"], engines["slow"]
     prom = PrometheusServer(tmp_path / "prom")
@@ -412,7 +391,8 @@ def test_a_slower_canary_fails_the_ttft_gate_and_is_aborted(
                 {"vllm": [scrape(stable, first, "chat-stable-0"), scrape(canary, new, "c-0")]}
             )
             wait_until(lambda: phase(kube_api) == ("Progressing", "Analyzing", None), timeout=30)
-            url = gateway()
+            gw = gateway()
+            url = gw.url
             deadline = time.monotonic() + 120
             while phase(kube_api)[0] == "Progressing" and time.monotonic() < deadline:
                 send(url, "chat.local", 16, parallel=8)

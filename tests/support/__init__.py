@@ -9,4 +9,7 @@ them in fixtures. They import no pytest, so benchmarks and the local demo can us
 - prometheus: ``PrometheusServer(work_dir, targets)`` with ``set_targets()`` and ``wait_for()``.
 - redis_server: ``RedisServer(work_dir)`` with ``kill()`` / ``start()`` on the same port.
 - ports: ``free_port()``; processes: ``ManagedProcess`` (process-group stop, RSS).
+- gateway: ``FakeEngine`` (in-process upstream), ``GatewayProcess`` (``kvpool gateway``).
+- waiting: ``wait_until()`` / ``wait_until_async()`` (poll for evidence, fail with what was
+  awaited) and ``ManualClock`` (time a test moves by hand) - instead of fixed sleeps.
 """

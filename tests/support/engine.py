@@ -74,6 +74,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
 from tests.support.tiny_model import vllm_python
+from tests.support.waiting import StopWaitingError, WaitTimeoutError, wait_until
 
 HEALTH_TIMEOUT_SECONDS = 180.0
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
@@ -179,7 +180,7 @@ EngineFactory = Callable[..., "VllmEngine"]
 """Type of the ``vllm_engine`` fixtures: keyword ``EngineConfig`` fields -> a healthy engine."""
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(StopWaitingError, RuntimeError):
     """The engine exited or did not become healthy; the message ends with its log tail."""
 
 
@@ -236,20 +237,23 @@ class VllmEngine:
         return self
 
     def _wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise EngineStartError(
-                    f"vLLM exited with {self.process.returncode()} before becoming healthy.\n"
-                    f"Errors:\n{self.process.log_errors()}\n"
-                    f"Log {self.log_path} (tail):\n{self.process.log_tail()}"
-                )
-            if self.healthy():
-                return
-            time.sleep(0.5)
-        raise EngineStartError(
-            f"vLLM not healthy after {HEALTH_TIMEOUT_SECONDS:.0f} s; "
-            f"log {self.log_path}:\n{self.process.log_tail()}"
-        )
+        timeout = max(0.0, deadline - time.monotonic())
+        try:
+            wait_until(self._healthy_or_exited, timeout, "vLLM healthy", interval=0.5)
+        except WaitTimeoutError:
+            raise EngineStartError(
+                f"vLLM not healthy after {timeout:.0f} s; "
+                f"log {self.log_path}:\n{self.process.log_tail()}"
+            ) from None
+
+    def _healthy_or_exited(self) -> bool:
+        if not self.process.running():
+            raise EngineStartError(
+                f"vLLM exited with {self.process.returncode()} before becoming healthy.\n"
+                f"Errors:\n{self.process.log_errors()}\n"
+                f"Log {self.log_path} (tail):\n{self.process.log_tail()}"
+            )
+        return self.healthy()
 
     def healthy(self) -> bool:
         try:

@@ -15,9 +15,10 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tests.support.waiting import WaitTimeoutError, wait_until
 
 
 class ManagedProcess:
@@ -82,9 +83,8 @@ class ManagedProcess:
             _killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         # Children (vLLM's EngineCore) may outlive the leader: give them a moment, then kill.
-        deadline = time.monotonic() + min(timeout, 5.0)
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with contextlib.suppress(WaitTimeoutError):
+            wait_until(lambda: not _group_alive(pgid), min(timeout, 5.0), "the group gone")
         if _group_alive(pgid):
             _killpg(pgid, signal.SIGKILL)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,6 +34,7 @@ from typing import Any
 
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
+from tests.support.waiting import StopWaitingError, WaitTimeoutError, wait_until
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 READY_TIMEOUT_SECONDS = 60.0
@@ -140,18 +140,21 @@ class PrometheusServer:
 
     def start(self, timeout: float = READY_TIMEOUT_SECONDS) -> PrometheusServer:
         self.process.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(
-                    f"prometheus exited with {self.process.returncode()}:\n"
-                    f"{self.process.log_tail()}"
-                )
-            if self._ready():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus not ready after {timeout} s:\n{self.process.log_tail()}")
+        try:
+            wait_until(self._ready_or_exited, timeout, "prometheus ready", interval=0.2)
+        except WaitTimeoutError:
+            self.stop()
+            raise RuntimeError(
+                f"prometheus not ready after {timeout} s:\n{self.process.log_tail()}"
+            ) from None
+        return self
+
+    def _ready_or_exited(self) -> bool:
+        if not self.process.running():
+            raise StopWaitingError(
+                f"prometheus exited with {self.process.returncode()}:\n{self.process.log_tail()}"
+            )
+        return self._ready()
 
     def _ready(self) -> bool:
         try:
@@ -211,21 +214,22 @@ class PrometheusServer:
 
         Raises ``TimeoutError`` with the last result and the targets' health otherwise.
         """
-        deadline = time.monotonic() + timeout
-        result: list[dict[str, Any]] = []
-        while True:
-            result = self.query(promql)
-            if predicate(result):
-                return result
-            if time.monotonic() >= deadline:
-                health = [
-                    (t["scrapeUrl"], t["health"], t["lastError"]) for t in self.active_targets()
-                ]
-                raise TimeoutError(
-                    f"{promql!r}: predicate not met in {timeout} s; last result {result}; "
-                    f"targets {health}"
-                )
-            time.sleep(interval)
+        last: list[dict[str, Any]] = []
+
+        def met() -> list[dict[str, Any]] | None:
+            nonlocal last
+            last = self.query(promql)
+            return last if predicate(last) else None
+
+        try:
+            result: list[dict[str, Any]] = wait_until(met, timeout, promql, interval=interval)
+        except WaitTimeoutError:
+            health = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in self.active_targets()]
+            raise TimeoutError(
+                f"{promql!r}: predicate not met in {timeout} s; last result {last}; "
+                f"targets {health}"
+            ) from None
+        return result
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

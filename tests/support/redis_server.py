@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
+from tests.support.waiting import StopWaitingError, WaitTimeoutError, wait_until
 
 REDIS_BIN = "/usr/bin/redis-server"
 READY_TIMEOUT_SECONDS = 10.0
@@ -93,19 +93,20 @@ class RedisServer:
     def start(self, timeout: float = READY_TIMEOUT_SECONDS) -> RedisServer:
         """Start (or restart, same port) and block until it answers PING."""
         self.process.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(
-                    f"redis-server exited with {self.process.returncode()}:\n"
-                    f"{self.process.log_tail()}"
-                )
-            if ping(self.port):
-                self.starts += 1
-                return self
-            time.sleep(0.01)
-        self.process.kill()
-        raise RuntimeError(f"redis-server not answering after {timeout} s")
+        try:
+            wait_until(self._answering_or_exited, timeout, "redis-server answering", interval=0.01)
+        except WaitTimeoutError:
+            self.process.kill()
+            raise RuntimeError(f"redis-server not answering after {timeout} s") from None
+        self.starts += 1
+        return self
+
+    def _answering_or_exited(self) -> bool:
+        if not self.process.running():
+            raise StopWaitingError(
+                f"redis-server exited with {self.process.returncode()}:\n{self.process.log_tail()}"
+            )
+        return ping(self.port)
 
     def running(self) -> bool:
         return self.process.running()

@@ -24,20 +24,22 @@ from kvpool.domain.admission import (
     Wakeups,
 )
 from kvpool.gateway.outcomes import status_of
-from tests.support.admission_builders import PoolBuilder, Requests
+from tests.builders import AdmissionRequests, CompiledPoolBuilder
 
 
-def two_tiers(*, hi_lend: int | None = None, hi_reclaim="Wait", lo_reclaim="Wait") -> PoolBuilder:
+def two_tiers(
+    *, hi_lend: int | None = None, hi_reclaim="Wait", lo_reclaim="Wait"
+) -> CompiledPoolBuilder:
     """1000 tokens / 100 slots: hi and lo floors of 400 tokens / 40 slots, shared 200 / 20."""
     return (
-        PoolBuilder()
+        CompiledPoolBuilder()
         .capacity(1000, 100)
         .tier("hi", 400, 40, lend_tokens=hi_lend, reclaim=hi_reclaim)
         .tier("lo", 400, 40, reclaim=lo_reclaim)
     )
 
 
-def controller(builder: PoolBuilder) -> AdmissionController:
+def controller(builder: CompiledPoolBuilder) -> AdmissionController:
     return AdmissionController(builder.obj(), builder.tiers())
 
 
@@ -127,7 +129,7 @@ OFFER_CASES = [
     ),
     (
         "slots-are-a-second-dimension",
-        PoolBuilder().capacity(10_000, 4).tier("hi", 5000, 2).tier("lo", 5000, 2),
+        CompiledPoolBuilder().capacity(10_000, 4).tier("hi", 5000, 2).tier("lo", 5000, 2),
         [("lo", 10), ("lo", 10), ("hi", 10), ("hi", 10)],
         ("hi", 10),
         ("queued",),
@@ -141,14 +143,14 @@ OFFER_CASES = [
     ids=[case[0] for case in OFFER_CASES],
 )
 def test_offer(builder, before, offer, expected) -> None:
-    ctl, make = controller(builder), Requests()
+    ctl, make = controller(builder), AdmissionRequests()
     for tier, tokens in before:
         assert isinstance(ctl.offer(make.make(tier, tokens), 0.0), Admit)
     assert summary(ctl.offer(make.make(*offer), 0.0)) == expected
 
 
 def test_worked_example_of_the_module_docstring() -> None:
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     ctl.offer(make.make("lo", 300), 0.0)
     ctl.offer(make.make("lo", 500), 0.0)
     assert isinstance(ctl.offer(make.make("hi", 300), 0.0), Queue)
@@ -164,7 +166,7 @@ def test_worked_example_of_the_module_docstring() -> None:
 def test_borrowing_gives_idle_capacity_to_the_waiting_tier_by_priority() -> None:
     """Both tiers wait for the same freed capacity: the higher tier gets it, though it
     arrived later."""
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     assert isinstance(ctl.offer(make.make("lo", 1000), 0.0), Admit)  # r1 fills the pool
     assert isinstance(ctl.offer(make.make("lo", 600), 0.0), Queue)  # r2
     assert isinstance(ctl.offer(make.make("hi", 600), 0.1), Queue)  # r3
@@ -174,8 +176,8 @@ def test_borrowing_gives_idle_capacity_to_the_waiting_tier_by_priority() -> None
 
 
 def test_lower_tier_may_not_borrow_while_a_higher_tier_waits() -> None:
-    builder = PoolBuilder().capacity(500, 50).tier("hi", 100, 10).tier("lo", 100, 10)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(500, 50).tier("hi", 100, 10).tier("lo", 100, 10)
+    ctl, make = controller(builder), AdmissionRequests()
     assert summary(ctl.offer(make.make("lo", 450), 0.0)) == ("borrowed", ("shared", "hi"), False)
     assert isinstance(ctl.offer(make.make("hi", 200), 0.0), Queue)  # r2 needs lent capacity
     assert isinstance(ctl.offer(make.make("lo", 40), 0.0), Queue)  # 50 free, but hi waits
@@ -183,9 +185,11 @@ def test_lower_tier_may_not_borrow_while_a_higher_tier_waits() -> None:
     assert [a.request_id for a in woken.admitted] == ["r3"]
 
 
-def _run_saturated(builder: PoolBuilder, offers: dict[str, int], steps: int) -> Counter[str]:
+def _run_saturated(
+    builder: CompiledPoolBuilder, offers: dict[str, int], steps: int
+) -> Counter[str]:
     """Keep every tier's queue full; release the oldest reservation each step; count starts."""
-    ctl, make = controller(builder), Requests()
+    ctl, make = controller(builder), AdmissionRequests()
     started: Counter[str] = Counter()
     inflight: deque[str] = deque()
     now = 0.0
@@ -207,7 +211,7 @@ def _run_saturated(builder: PoolBuilder, offers: dict[str, int], steps: int) -> 
 def test_low_tier_progresses_at_its_floor_while_the_high_tier_is_saturated() -> None:
     """hi and lo each hold 30% as a floor, 40% is shared: hi floods and takes the shared
     part, lo still starts requests at its floor share (no starvation)."""
-    builder = PoolBuilder().capacity(1000, 10).tier("hi", 300, 3).tier("lo", 300, 3)
+    builder = CompiledPoolBuilder().capacity(1000, 10).tier("hi", 300, 3).tier("lo", 300, 3)
     started = _run_saturated(builder, {"hi": 100, "lo": 100}, steps=400)
     share_lo = started["lo"] / (started["hi"] + started["lo"])
     assert 0.25 <= share_lo <= 0.35, started  # its 30% floor, not 0, not more
@@ -216,7 +220,7 @@ def test_low_tier_progresses_at_its_floor_while_the_high_tier_is_saturated() -> 
 def test_strict_priority_without_floors_would_starve_the_low_tier() -> None:
     """The same flood with zero floors: everything is shared, and priority alone gives lo
     nothing - what floors are for."""
-    builder = PoolBuilder().capacity(1000, 10).tier("hi", 0, 0).tier("lo", 0, 0)
+    builder = CompiledPoolBuilder().capacity(1000, 10).tier("hi", 0, 0).tier("lo", 0, 0)
     started = _run_saturated(builder, {"hi": 100, "lo": 100}, steps=200)
     assert started["lo"] == 0
     assert started["hi"] == 200
@@ -234,8 +238,8 @@ def test_strict_priority_without_floors_would_starve_the_low_tier() -> None:
 def test_weighted_fairness_within_a_tier(weights, counts, expected_ratio) -> None:
     """Both tenants keep requests queued (b sends 10x more in the second case); starts
     follow the weights, not the number of requests sent."""
-    builder = PoolBuilder().capacity(100_000, 12).tier("only", 0, 0)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(100_000, 12).tier("only", 0, 0)
+    ctl, make = controller(builder), AdmissionRequests()
     tenants = {"a": weights[0], "b": weights[1]}
     inflight: deque[str] = deque()
     for tenant, count in zip(tenants, counts, strict=True):
@@ -252,7 +256,7 @@ def test_weighted_fairness_within_a_tier(weights, counts, expected_ratio) -> Non
 
 
 def test_tenant_max_concurrency() -> None:
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     verdicts = [ctl.offer(make.make("hi", 10, tenant="a", max_concurrency=2), 0.0) for _ in "xyz"]
     assert [type(v) for v in verdicts] == [Admit, Admit, Queue]
     other = ctl.offer(make.make("hi", 10, tenant="b", max_concurrency=2), 0.0)
@@ -265,8 +269,8 @@ def test_offer_that_lets_another_tenant_move_up_delivers_it_on_the_next_wakeups(
     within lo's floor, bringing a to its max_concurrency of 1, so b's small hi request
     becomes hi's head and fits: it is started and delivered by the next Wakeups (the I/O
     layer calls expire at next_deadline, which is now)."""
-    builder = PoolBuilder().capacity(1000, 10).tier("hi", 100, 2).tier("lo", 100, 2)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(1000, 10).tier("hi", 100, 2).tier("lo", 100, 2)
+    ctl, make = controller(builder), AdmissionRequests()
     ctl.offer(make.make("hi", 800, tenant="x"), 0.0)  # r1
     big = ctl.offer(make.make("hi", 900, tenant="a", max_concurrency=1), 0.0)  # r2
     small = ctl.offer(make.make("hi", 50, tenant="b"), 0.0)  # r3, behind the older r2
@@ -280,10 +284,10 @@ def test_offer_that_lets_another_tenant_move_up_delivers_it_on_the_next_wakeups(
     assert ctl.next_deadline() == 5.0
 
 
-def _with_observed_hold(hold: float) -> tuple[AdmissionController, Requests]:
+def _with_observed_hold(hold: float) -> tuple[AdmissionController, AdmissionRequests]:
     """A full pool (10 x 100 tokens) that has seen one reservation held ``hold`` seconds."""
-    builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)
+    ctl, make = controller(builder), AdmissionRequests()
     for _ in range(10):
         ctl.offer(make.make("only", 100), 0.0)
     ctl.release("r1", hold)
@@ -310,8 +314,13 @@ def test_while_a_higher_tier_waits_a_tier_counts_only_on_what_it_releases_itself
     The pool drains ~1000 tokens/s, but freed shared capacity goes to hi first: lo gets
     back ~200 tokens/s (its own releases), so its 11th queued request (5.5 s) is over
     its 5 s maximum wait and is rejected at once."""
-    builder = PoolBuilder().capacity(1000, 100).tier("hi", 0, 0).tier("lo", 200, 20, lend_tokens=0)
-    ctl, make = controller(builder), Requests()
+    builder = (
+        CompiledPoolBuilder()
+        .capacity(1000, 100)
+        .tier("hi", 0, 0)
+        .tier("lo", 200, 20, lend_tokens=0)
+    )
+    ctl, make = controller(builder), AdmissionRequests()
     for tier in ["lo"] * 2 + ["hi"] * 8:
         assert isinstance(ctl.offer(make.make(tier, 100), 0.0), Admit)
     ctl.release("r1", 1.0)  # mean hold 1 s
@@ -323,8 +332,8 @@ def test_while_a_higher_tier_waits_a_tier_counts_only_on_what_it_releases_itself
 
 
 def test_before_any_observation_the_request_is_queued_not_guessed() -> None:
-    builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(1000, 100).tier("only", 0, 0, wait=2.0)
+    ctl, make = controller(builder), AdmissionRequests()
     ctl.offer(make.make("only", 1000), 0.0)
     verdict = ctl.offer(make.make("only", 1000), 0.0)
     assert isinstance(verdict, Queue)
@@ -332,8 +341,8 @@ def test_before_any_observation_the_request_is_queued_not_guessed() -> None:
 
 
 def test_zero_max_queue_wait_never_queues_once_drain_is_known() -> None:
-    builder = PoolBuilder().capacity(100, 10).tier("only", 0, 0, wait=0.0)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(100, 10).tier("only", 0, 0, wait=0.0)
+    ctl, make = controller(builder), AdmissionRequests()
     ctl.offer(make.make("only", 100), 0.0)
     ctl.release("r1", 1.0)
     ctl.offer(make.make("only", 100), 1.0)
@@ -343,8 +352,10 @@ def test_zero_max_queue_wait_never_queues_once_drain_is_known() -> None:
 
 
 def test_expire_rejects_queued_requests_past_their_deadline() -> None:
-    builder = PoolBuilder().capacity(100, 10).tier("hi", 0, 0, wait=2.0).tier("lo", 0, 0, wait=9)
-    ctl, make = controller(builder), Requests()
+    builder = (
+        CompiledPoolBuilder().capacity(100, 10).tier("hi", 0, 0, wait=2.0).tier("lo", 0, 0, wait=9)
+    )
+    ctl, make = controller(builder), AdmissionRequests()
     ctl.offer(make.make("lo", 100), 0.0)
     ctl.offer(make.make("hi", 50), 0.0)  # r2, deadline 2
     ctl.offer(make.make("lo", 50), 1.0)  # r3, deadline 10
@@ -358,7 +369,7 @@ def test_expire_rejects_queued_requests_past_their_deadline() -> None:
 
 
 def test_release_is_idempotent_and_balances_to_zero() -> None:
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     for tier, tokens in [("hi", 300), ("lo", 600), ("hi", 250)]:
         ctl.offer(make.make(tier, tokens), 0.0)
     for rid in ["r1", "r2", "r2", "r3", "r3", "nope"]:
@@ -369,7 +380,7 @@ def test_release_is_idempotent_and_balances_to_zero() -> None:
 
 
 def test_release_settles_the_estimate_error() -> None:
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     ctl.offer(make.make("hi", 300), 0.0)
     ctl.release("r1", 2.0, actual_tokens=220)
     snap = ctl.snapshot()
@@ -378,14 +389,14 @@ def test_release_settles_the_estimate_error() -> None:
 
 def test_duplicate_request_id_is_a_programming_error() -> None:
     ctl = controller(two_tiers())
-    request = Requests().make("hi", 1)
+    request = AdmissionRequests().make("hi", 1)
     ctl.offer(request, 0.0)
     with pytest.raises(ValueError, match="duplicate"):
         ctl.offer(request, 0.0)
 
 
 def test_snapshot_reports_in_use_floor_borrowed_and_lent() -> None:
-    ctl, make = controller(two_tiers()), Requests()
+    ctl, make = controller(two_tiers()), AdmissionRequests()
     ctl.offer(make.make("lo", 300), 0.0)
     ctl.offer(make.make("lo", 500), 0.0)
     ctl.offer(make.make("hi", 300), 0.0)
@@ -402,7 +413,7 @@ def test_snapshot_reports_in_use_floor_borrowed_and_lent() -> None:
 
 
 def test_preempt_admissions_are_counted_and_bounded() -> None:
-    ctl, make = controller(two_tiers(hi_reclaim="Preempt")), Requests()
+    ctl, make = controller(two_tiers(hi_reclaim="Preempt")), AdmissionRequests()
     ctl.offer(make.make("lo", 300), 0.0)
     ctl.offer(make.make("lo", 500), 0.0)  # borrows 200 shared + 200 of hi's floor
     verdicts = [ctl.offer(make.make("hi", 100), 0.0) for _ in range(5)]
@@ -419,11 +430,11 @@ def test_preempt_admissions_are_counted_and_bounded() -> None:
 
 class TestReconfigure:
     def test_shrink_keeps_reservations_and_stops_admitting_until_under(self) -> None:
-        builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0)
-        ctl, make = controller(builder), Requests()
+        builder = CompiledPoolBuilder().capacity(1000, 100).tier("only", 0, 0)
+        ctl, make = controller(builder), AdmissionRequests()
         for _ in range(8):
             ctl.offer(make.make("only", 100), 0.0)
-        small = PoolBuilder().capacity(500, 100).tier("only", 0, 0)
+        small = CompiledPoolBuilder().capacity(500, 100).tier("only", 0, 0)
         assert ctl.reconfigure(small.obj(), small.tiers(), 1.0) == Wakeups()
         assert ctl.snapshot().in_use_tokens == 800
         assert isinstance(ctl.offer(make.make("only", 100), 1.0), Queue)  # r9
@@ -432,10 +443,10 @@ class TestReconfigure:
         assert [a.request_id for a in ctl.release("r4", 2.0).admitted] == ["r9"]
 
     def test_removed_tier_keeps_in_flight_and_rejects_its_queue(self) -> None:
-        ctl, make = controller(two_tiers()), Requests()
+        ctl, make = controller(two_tiers()), AdmissionRequests()
         ctl.offer(make.make("lo", 1000), 0.0)
         ctl.offer(make.make("lo", 100), 0.0)  # r2 queued
-        only_hi = PoolBuilder().capacity(1000, 100).tier("hi", 400, 40)
+        only_hi = CompiledPoolBuilder().capacity(1000, 100).tier("hi", 400, 40)
         changed = ctl.reconfigure(only_hi.obj(), only_hi.tiers(), 1.0)
         assert [(r.request_id, r.reason) for r in changed.rejected] == [("r2", REASON_TIER_REMOVED)]
         assert ctl.snapshot().in_use_tokens == 1000
@@ -444,32 +455,34 @@ class TestReconfigure:
         assert [t.tier for t in ctl.snapshot().tiers] == ["hi"]
 
     def test_queued_request_that_can_no_longer_fit_is_rejected(self) -> None:
-        builder = PoolBuilder().capacity(1000, 100).tier("only", 0, 0)
-        ctl, make = controller(builder), Requests()
+        builder = CompiledPoolBuilder().capacity(1000, 100).tier("only", 0, 0)
+        ctl, make = controller(builder), AdmissionRequests()
         ctl.offer(make.make("only", 600), 0.0)
         ctl.offer(make.make("only", 600), 0.0)  # r2 queued
-        small = PoolBuilder().capacity(500, 100).tier("only", 0, 0)
+        small = CompiledPoolBuilder().capacity(500, 100).tier("only", 0, 0)
         changed = ctl.reconfigure(small.obj(), small.tiers(), 1.0)
         assert [(r.request_id, r.reason, status_of(r.reason)) for r in changed.rejected] == [
             ("r2", REASON_TOO_LARGE_FOR_POOL, 413)
         ]
 
     def test_growth_admits_queued_requests(self) -> None:
-        builder = PoolBuilder().capacity(500, 100).tier("only", 0, 0)
-        ctl, make = controller(builder), Requests()
+        builder = CompiledPoolBuilder().capacity(500, 100).tier("only", 0, 0)
+        ctl, make = controller(builder), AdmissionRequests()
         ctl.offer(make.make("only", 500), 0.0)
         ctl.offer(make.make("only", 300), 0.0)
-        bigger = PoolBuilder().capacity(1000, 100).tier("only", 0, 0)
+        bigger = CompiledPoolBuilder().capacity(1000, 100).tier("only", 0, 0)
         changed = ctl.reconfigure(bigger.obj(), bigger.tiers(), 1.0)
         assert [a.request_id for a in changed.admitted] == ["r2"]
 
 
 class TestReplicas:
-    def builder(self) -> PoolBuilder:
-        return PoolBuilder().capacity(1000, 8).tier("only", 0, 0).replicas(2)  # 500 tokens each
+    def builder(self) -> CompiledPoolBuilder:
+        return (
+            CompiledPoolBuilder().capacity(1000, 8).tier("only", 0, 0).replicas(2)
+        )  # 500 tokens each
 
     def test_least_reserved_replica_and_no_overload_while_pool_total_looks_fine(self) -> None:
-        ctl, make = controller(self.builder()), Requests()
+        ctl, make = controller(self.builder()), AdmissionRequests()
         first = ctl.offer(make.make("only", 300), 0.0)
         second = ctl.offer(make.make("only", 300), 0.0)
         assert isinstance(first, Admit)
@@ -482,7 +495,7 @@ class TestReplicas:
         assert [(a.request_id, a.replica) for a in woken.admitted] == [("r3", "s0")]
 
     def test_unready_replica_is_not_used_and_readiness_wakes_the_queue(self) -> None:
-        ctl, make = controller(self.builder()), Requests()
+        ctl, make = controller(self.builder()), AdmissionRequests()
         ctl.set_replica_ready("s1", False, 0.0)
         assert isinstance(ctl.offer(make.make("only", 400), 0.0), Admit)
         assert isinstance(ctl.offer(make.make("only", 400), 0.0), Queue)
@@ -490,24 +503,24 @@ class TestReplicas:
         assert [(a.request_id, a.replica) for a in woken.admitted] == [("r2", "s1")]
 
     def test_no_ready_replica_is_rejected_at_once(self) -> None:
-        ctl, make = controller(self.builder()), Requests()
+        ctl, make = controller(self.builder()), AdmissionRequests()
         ctl.set_replica_ready("s0", False, 0.0)
         ctl.set_replica_ready("s1", False, 0.0)
         verdict = ctl.offer(make.make("only", 10), 0.0)
         assert summary(verdict) == ("rejected-capacity", REASON_NO_READY_REPLICA, 503)
 
     def test_track_is_respected(self) -> None:
-        builder = PoolBuilder().capacity(1500, 12).tier("only", 0, 0).replicas(2).canary(10)
-        ctl, make = controller(builder), Requests()
+        builder = CompiledPoolBuilder().capacity(1500, 12).tier("only", 0, 0).replicas(2).canary(10)
+        ctl, make = controller(builder), AdmissionRequests()
         verdict = ctl.offer(make.make("only", 10, track="canary"), 0.0)
         assert isinstance(verdict, Admit)
         assert (verdict.replica, verdict.track) == ("c0", "canary")
 
     def test_replica_removed_from_config_keeps_its_reservations_until_released(self) -> None:
-        ctl, make = controller(self.builder()), Requests()
+        ctl, make = controller(self.builder()), AdmissionRequests()
         ctl.offer(make.make("only", 300), 0.0)
         ctl.offer(make.make("only", 300), 0.0)
-        one = PoolBuilder().capacity(1000, 8).tier("only", 0, 0).replicas(1)
+        one = CompiledPoolBuilder().capacity(1000, 8).tier("only", 0, 0).replicas(1)
         one_pool = one.obj().model_copy(update={"tokens_per_replica": 500})
         ctl.reconfigure(one_pool, one.tiers(), 1.0)
         assert {r.name for r in ctl.snapshot().replicas} == {"s0", "s1"}
@@ -515,11 +528,11 @@ class TestReplicas:
         assert {r.name for r in ctl.snapshot().replicas} == {"s0"}
 
 
-def issue_8_pool() -> PoolBuilder:
+def issue_8_pool() -> CompiledPoolBuilder:
     """Issue 8's engine as planned: 1,843 tokens / 8 slots; interactive 921/4, batch 552/2
     (lends half), eval raised to one p95 request (192/1); shared 178/1."""
     return (
-        PoolBuilder()
+        CompiledPoolBuilder()
         .capacity(1843, 8)
         .tier("interactive", 921, 4)
         .tier("batch", 552, 2, lend_tokens=276, lend_slots=1)
@@ -530,7 +543,7 @@ def issue_8_pool() -> PoolBuilder:
 def test_a_starved_tier_gets_freed_capacity_before_any_borrower() -> None:
     """Eval's request (520 tokens) is larger than its floor (192): with nothing of eval
     running, it still goes before batch's borrowers when batch releases capacity."""
-    ctl, reqs = controller(issue_8_pool()), Requests()
+    ctl, reqs = controller(issue_8_pool()), AdmissionRequests()
     batch = [reqs.make("batch", 520, tenant="b") for _ in range(3)]
     verdicts = [ctl.offer(r, 0.0) for r in batch]
     assert [v.outcome for v in verdicts] == ["admitted", "borrowed", "borrowed"]
@@ -548,7 +561,7 @@ def test_a_starved_tier_gets_freed_capacity_before_any_borrower() -> None:
 
 def test_a_running_request_ends_the_starved_claim() -> None:
     """Once eval runs one request, its next one is an ordinary borrower (priority order)."""
-    ctl, reqs = controller(issue_8_pool()), Requests()
+    ctl, reqs = controller(issue_8_pool()), AdmissionRequests()
     first_eval = reqs.make("eval", 520, tenant="e")
     assert isinstance(ctl.offer(first_eval, 0.0), Admit)
     batch = [reqs.make("batch", 400, tenant="b") for _ in range(2)]
@@ -584,8 +597,8 @@ def test_a_running_request_ends_the_starved_claim() -> None:
 )
 def test_overcommit_applies_only_above_the_floor(before, offer, expected) -> None:
     """lo's floor is 200 tokens: (tokens, borrow_tokens) offers; what lo then holds."""
-    builder = PoolBuilder().capacity(1000, 10).tier("hi", 400, 4).tier("lo", 200, 4)
-    ctl, make = controller(builder), Requests()
+    builder = CompiledPoolBuilder().capacity(1000, 10).tier("hi", 400, 4).tier("lo", 200, 4)
+    ctl, make = controller(builder), AdmissionRequests()
     held = 0
     for tokens, borrow in before:
         admit = ctl.offer(make.make("lo", tokens, borrow_tokens=borrow), 0.0)
@@ -605,9 +618,9 @@ class TestPrefillHolds:
     """A tier with a ttftP95Target keeps lower tiers off its replica until its first token."""
 
     @staticmethod
-    def builder(replicas: int = 1, hi_ttft: float | None = 0.5) -> PoolBuilder:
+    def builder(replicas: int = 1, hi_ttft: float | None = 0.5) -> CompiledPoolBuilder:
         return (
-            PoolBuilder()
+            CompiledPoolBuilder()
             .capacity(1000 * replicas, 8 * replicas)
             .tier("hi", 0, 0, ttft=hi_ttft)
             .tier("mid", 0, 0)
@@ -684,7 +697,7 @@ class TestPrefillHolds:
         ("builder", "events", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
     )
     def test_holds(self, builder, events, expected) -> None:
-        ctl, make = controller(builder), Requests()
+        ctl, make = controller(builder), AdmissionRequests()
         started: dict[str, str] = {}
 
         def woke(wakeups: Wakeups, at: float) -> None:
@@ -712,13 +725,13 @@ class TestPrefillHolds:
         a deadline again: the I/O layer must not spin on expire()."""
         ctl, make = (
             controller(
-                PoolBuilder()
+                CompiledPoolBuilder()
                 .capacity(200, 8)
                 .tier("hi", 0, 0, ttft=0.5)
                 .tier("lo", 0, 0)
                 .replicas(1)
             ),
-            Requests(),
+            AdmissionRequests(),
         )
         ctl.offer(make.make("hi", 100), 0.0)
         ctl.offer(make.make("hi", 100), 0.3)  # the pool is full: lo queues for capacity

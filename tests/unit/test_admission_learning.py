@@ -17,7 +17,7 @@ from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
 from kvpool.domain.admission.limiter import LentLimiter
 from kvpool.domain.estimate import Estimate
-from tests.support.admission_builders import PoolBuilder, Requests, make_tenant
+from tests.builders import AdmissionRequests, CompiledPoolBuilder, compiled_tenant
 
 
 @pytest.mark.parametrize(
@@ -88,10 +88,10 @@ def test_lent_limiter_aimd(batches: list[float], limits: list[int]) -> None:
     assert seen == limits
 
 
-def _pool() -> PoolBuilder:
+def _pool() -> CompiledPoolBuilder:
     """hi 400/4 (never lends), lo 200/2; shared 400/4: lo borrows only the shared part."""
     return (
-        PoolBuilder()
+        CompiledPoolBuilder()
         .capacity(1000, 10)
         .tier("hi", 400, 4, lend_tokens=0, lend_slots=0)
         .tier("lo", 200, 2)
@@ -100,7 +100,7 @@ def _pool() -> PoolBuilder:
 
 def test_lent_limit_holds_borrowers_but_never_a_floor() -> None:
     builder = _pool()
-    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), AdmissionRequests()
     ctl.set_lent_limit("hi", 1, 0.0)
     own = [reqs.make("lo", 100) for _ in range(2)]
     assert all(ctl.offer(r, 0.0).outcome == "admitted" for r in own)  # its floor
@@ -120,7 +120,7 @@ def test_lent_limit_holds_borrowers_but_never_a_floor() -> None:
 
 def test_paused_borrowing_resumes_with_wakeups() -> None:
     builder = _pool()
-    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), Requests()
+    ctl, reqs = AdmissionController(builder.obj(), builder.tiers()), AdmissionRequests()
     ctl.set_borrowing_paused(True, 0.0)
     inside = reqs.make("lo", 200, 2)
     assert isinstance(ctl.offer(inside, 0.0), Admit)
@@ -186,6 +186,6 @@ def test_reservation_by_tier(
     estimate = Estimate(prompt_tokens=400, output_tokens=120, output_limit=120)
 
     reserved = adaptation.reserve(tier, estimate)
-    request = build_admission_request("r1", make_tenant("t", [tier]), tier, reserved)
+    request = build_admission_request("r1", compiled_tenant("t", [tier]), tier, reserved)
     assert (request.tokens, request.borrowing_tokens) == expected
     assert adaptation.reserve(tier, estimate).charge_tokens == 520

@@ -38,7 +38,7 @@ from kvpool.domain.admission import (
     Reject,
     Wakeups,
 )
-from tests.support.admission_builders import PoolBuilder
+from tests.builders import CompiledPoolBuilder
 
 NAMES = ["t0", "t1", "t2", "t3"]
 
@@ -55,7 +55,7 @@ def plans(draw: st.DrawFn, names: list[str] | None = None, replicas: int = 0) ->
     names = names or NAMES[: draw(st.integers(1, 4))]
     total_t = draw(st.integers(200, 2000))
     total_s = draw(st.integers(4, 24))
-    builder = PoolBuilder().capacity(total_t, total_s)
+    builder = CompiledPoolBuilder().capacity(total_t, total_s)
     left_t, left_s = total_t, total_s
     for name in names:
         floor_t = draw(st.integers(0, left_t // 2))

@@ -39,6 +39,7 @@ from kvpool.domain.budget import (
     decide_settlement,
 )
 from tests.support.redis_server import RedisFactory
+from tests.support.waiting import ManualClock
 
 BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
 
@@ -274,11 +275,11 @@ BREAKER_CASES = {
 
 @pytest.mark.parametrize(("events", "state"), list(BREAKER_CASES.values()), ids=list(BREAKER_CASES))
 def test_circuit_breaker(events: list[str], state: str) -> None:
-    now = [0.0]
-    breaker = CircuitBreaker(failure_threshold=3, open_seconds=1.0, clock=lambda: now[0])
+    clock = ManualClock(0.0)
+    breaker = CircuitBreaker(failure_threshold=3, open_seconds=1.0, clock=clock)
     for event in events:
         if event.startswith("t="):
-            now[0] = float(event[2:])
+            clock.now = float(event[2:])
             continue
         assert breaker.allow(), event
         breaker.success() if event == "ok" else breaker.failure()
@@ -286,32 +287,32 @@ def test_circuit_breaker(events: list[str], state: str) -> None:
 
 
 def test_half_open_breaker_lets_one_probe_through() -> None:
-    now = [0.0]
-    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=lambda: now[0])
+    clock = ManualClock(0.0)
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=clock)
     breaker.failure()
     assert not breaker.allow()
-    now[0] = 1.0
+    clock.now = 1.0
     assert [breaker.allow() for _ in range(3)] == [True, False, False]
 
 
 def test_an_abandoned_probe_frees_the_half_open_slot() -> None:
-    now = [0.0]
-    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=lambda: now[0])
+    clock = ManualClock(0.0)
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=1.0, clock=clock)
     breaker.failure()
-    now[0] = 1.0
+    clock.now = 1.0
     assert breaker.allow()
     breaker.abandon()  # the probing request was cancelled
     assert breaker.allow()
 
 
 async def test_redis_breaker_opens_on_consecutive_failures_and_probes_again() -> None:
-    now = [0.0]
+    clock = ManualClock(0.0)
     errors: list[str] = []
     store = FailoverBudgetStore(
         RedisBudgetStore("redis://127.0.0.1:1/0", timeout=0.005),
         FailoverPolicy(failure_threshold=2, open_seconds=1.0),
         on_error=lambda op, exc: errors.append(op),
-        clock=lambda: now[0],
+        clock=clock,
     )
     limits = [per("1m", 1000)]
     try:
@@ -319,10 +320,10 @@ async def test_redis_breaker_opens_on_consecutive_failures_and_probes_again() ->
         assert store.available  # one failure does not open it
         await store.reserve("ns/acme", limits, 1, BASE)
         assert not store.available
-        now[0] = 0.5
+        clock.now = 0.5
         await store.reserve("ns/acme", limits, 1, BASE)
         assert errors == ["reserve", "reserve"]  # open: Redis not asked
-        now[0] = 1.5
+        clock.now = 1.5
         assert store.available
         await store.reserve("ns/acme", limits, 1, BASE)  # the half-open probe
         assert errors == ["reserve", "reserve", "reserve"]

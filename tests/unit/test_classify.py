@@ -17,20 +17,20 @@ from kvpool.domain.classify import (
     decide_tier,
     normalize_host,
 )
-from tests.support.admission_builders import make_policy, make_rule, make_tenant
+from tests.builders import compiled_policy, compiled_rule, compiled_tenant
 
 TIERS = ["interactive", "standard", "batch"]
-POLICY = make_policy(
+POLICY = compiled_policy(
     TIERS,
     [
-        make_rule("interactive", path_prefix="/v1/chat", labels={"plan": "gold"}),
-        make_rule("batch", host="batch.example.com"),
-        make_rule("standard", path_prefix="/v1/chat"),
+        compiled_rule("interactive", path_prefix="/v1/chat", labels={"plan": "gold"}),
+        compiled_rule("batch", host="batch.example.com"),
+        compiled_rule("standard", path_prefix="/v1/chat"),
     ],
 )
-GOLD = make_tenant("acme", ["interactive", "standard", "batch"], labels={"plan": "gold"})
-FREE = make_tenant("zed", ["standard", "batch"], labels={"plan": "free"})
-BATCH_ONLY = make_tenant("bulk", ["batch"])
+GOLD = compiled_tenant("acme", ["interactive", "standard", "batch"], labels={"plan": "gold"})
+FREE = compiled_tenant("zed", ["standard", "batch"], labels={"plan": "free"})
+BATCH_ONLY = compiled_tenant("bulk", ["batch"])
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_tier_not_allowed_is_forbidden(tenant, path, host, tier) -> None:
 
 
 def test_policy_without_rules_sends_everything_to_lowest_tier() -> None:
-    policy = make_policy(TIERS)
+    policy = compiled_policy(TIERS)
     verdict = decide_tier(policy, GOLD, "/v1/chat/completions", "x")
     assert isinstance(verdict, Classified)
     assert verdict.tier.name == "batch"
@@ -93,8 +93,8 @@ def test_policy_without_rules_sends_everything_to_lowest_tier() -> None:
         (GOLD, "interactive", "standard"),
         (GOLD, "standard", "batch"),
         (GOLD, "batch", None),
-        (make_tenant("skip", ["interactive", "batch"]), "interactive", "batch"),
-        (make_tenant("top", ["interactive"]), "interactive", None),
+        (compiled_tenant("skip", ["interactive", "batch"]), "interactive", "batch"),
+        (compiled_tenant("top", ["interactive"]), "interactive", None),
         (GOLD, "no-such-tier", None),
     ],
     ids=["one-down", "to-lowest", "lowest-has-none", "skips-disallowed", "only-one", "unknown"],
@@ -124,9 +124,9 @@ def test_normalize_host(raw, expected) -> None:
 
 
 def test_rule_naming_unknown_tier_is_a_config_error() -> None:
-    policy = make_policy(["a"], [make_rule("ghost", path_prefix="/")])
+    policy = compiled_policy(["a"], [compiled_rule("ghost", path_prefix="/")])
     with pytest.raises(ValueError, match="ghost"):
-        decide_tier(policy, make_tenant("t", ["a"]), "/v1", None)
+        decide_tier(policy, compiled_tenant("t", ["a"]), "/v1", None)
 
 
 def test_verdict_inputs_are_path_host_and_tenant_only() -> None:
@@ -158,7 +158,7 @@ def test_classification_matches_the_rules_whatever_priority_is_claimed(
 ) -> None:
     labels = {"plan": plan} if plan else {}
     labels["priority"] = str(priority)  # even a label named priority carries no weight
-    tenant = make_tenant("any", TIERS, labels=labels)
+    tenant = compiled_tenant("any", TIERS, labels=labels)
     verdict = decide_tier(POLICY, tenant, path, host)
     assert isinstance(verdict, Classified)
     assert verdict.tier.name == _oracle(path, host, labels)

@@ -21,15 +21,19 @@ from kvpool.domain.compile import (
 )
 from kvpool.domain.planner import PoolPlan, plan_pool
 from kvpool.domain.revision import revision_of
-from tests.builders import make_policy
-from tests.operator_builders import make_budget, make_pool, standard_policy
+from tests.builders import (
+    modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 
 
 def _pool_input(
     name: str = "chat", planned: bool = True, endpoints: tuple[Endpoint, ...] = ()
 ) -> PoolInput:
-    pool = make_pool(name).peak(interactive=60).capacity(kvTokensPerReplica=200_000).obj()
-    plan = plan_pool(pool, standard_policy().obj(), None)
+    pool = modelpool_manifest(name).peak(interactive=60).capacity(kvTokensPerReplica=200_000).obj()
+    plan = plan_pool(pool, standard_tierpolicy_manifest().obj(), None)
     assert isinstance(plan, PoolPlan)
     return PoolInput(
         pool=pool,
@@ -41,7 +45,7 @@ def _pool_input(
 
 def _tenant(tenant: str, key: str | None = "sk-1", **policy: str) -> TenantInput:
     builder = (
-        make_budget(tenant)
+        tenantbudget_manifest(tenant)
         .tiers("interactive", "batch")
         .limit("1h", 10_000, 100)
         .limit("1d", 50_000)
@@ -53,7 +57,9 @@ def _tenant(tenant: str, key: str | None = "sk-1", **policy: str) -> TenantInput
 
 def test_pool_plan_numbers_pass_through_unchanged() -> None:
     item = _pool_input()
-    config = build_admission_config("default", [item], [standard_policy().obj()], []).config
+    config = build_admission_config(
+        "default", [item], [standard_tierpolicy_manifest().obj()], []
+    ).config
     pool = config.pools[0]
     plan = item.plan
     assert plan is not None
@@ -81,7 +87,7 @@ def test_pool_without_a_plan_admits_nothing() -> None:
 
 def test_policy_is_resolved_to_ranks_seconds_and_engine_priorities() -> None:
     policy = (
-        make_policy("p")
+        tierpolicy_manifest("p")
         .tier("interactive", floor=50, max_wait="2s", ttftP95Target="500ms")
         .tier(
             "batch",
@@ -111,7 +117,7 @@ def test_policy_is_resolved_to_ranks_seconds_and_engine_priorities() -> None:
 
 def test_tenants_carry_a_key_digest_never_the_key() -> None:
     config = build_admission_config(
-        "default", [], [standard_policy().obj()], [_tenant("acme", "sk-secret")]
+        "default", [], [standard_tierpolicy_manifest().obj()], [_tenant("acme", "sk-secret")]
     ).config
     tenant = config.tenants[0]
     assert tenant.key_sha256 == hashlib.sha256(b"sk-secret").hexdigest()
@@ -144,7 +150,8 @@ def test_tenant_policy_resolution(
     policies: list[str], ref: str | None, expected: str | None
 ) -> None:
     objs = [
-        make_policy(n).tier("interactive", floor=50).tier("batch", floor=10).obj() for n in policies
+        tierpolicy_manifest(n).tier("interactive", floor=50).tier("batch", floor=10).obj()
+        for n in policies
     ]
     tenant = _tenant("acme", policy=ref) if ref else _tenant("acme")
     assert (
@@ -157,16 +164,18 @@ def test_output_is_deterministic_and_hash_ignores_generated_at() -> None:
     pools = [_pool_input("b"), _pool_input("a")]
     tenants = [_tenant("zed", "k1"), _tenant("acme", "k2")]
     one = build_admission_config(
-        "ns", pools, [standard_policy().obj()], tenants, generated_at="t1"
+        "ns", pools, [standard_tierpolicy_manifest().obj()], tenants, generated_at="t1"
     ).config
     two = build_admission_config(
-        "ns", pools[::-1], [standard_policy().obj()], tenants[::-1], generated_at="t2"
+        "ns", pools[::-1], [standard_tierpolicy_manifest().obj()], tenants[::-1], generated_at="t2"
     ).config
     assert [p.name for p in one.pools] == ["a", "b"]
     assert [t.tenant for t in one.tenants] == ["acme", "zed"]
     assert config_hash(one) == config_hash(two)
     assert one.to_json() != two.to_json()  # generatedAt differs
-    changed = build_admission_config("ns", pools[:1], [standard_policy().obj()], tenants).config
+    changed = build_admission_config(
+        "ns", pools[:1], [standard_tierpolicy_manifest().obj()], tenants
+    ).config
     assert config_hash(changed) != config_hash(one)
 
 
@@ -174,7 +183,7 @@ def test_the_json_round_trips_through_the_contract() -> None:
     config = build_admission_config(
         "ns",
         [_pool_input()],
-        [standard_policy().obj()],
+        [standard_tierpolicy_manifest().obj()],
         [_tenant("acme")],
         generated_at="2026-01-01T00:00:00Z",
     ).config

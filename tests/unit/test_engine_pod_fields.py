@@ -11,7 +11,7 @@ import pytest
 from kvpool.api.validation import check_custom_object
 from kvpool.domain import manifests as m
 from kvpool.domain.revision import revision_of
-from tests.operator_builders import declared_pool, served_pool
+from tests.builders import declared_modelpool_manifest, served_modelpool
 
 KUBE_VERSION = kubernetes_validate.latest_version()
 
@@ -58,10 +58,10 @@ EVERY_POD_FIELD: dict[str, Any] = {
 
 
 def test_a_pool_using_every_pod_field_renders_a_deployment_kubernetes_accepts() -> None:
-    doc = declared_pool().engine(**EVERY_POD_FIELD).dict()
+    doc = declared_modelpool_manifest().engine(**EVERY_POD_FIELD).dict()
     _, findings = check_custom_object(doc)
     assert findings == []  # the CRD schema and CEL rules accept it too
-    pool = served_pool(declared_pool().engine(**EVERY_POD_FIELD))
+    pool = served_modelpool(declared_modelpool_manifest().engine(**EVERY_POD_FIELD))
 
     deployment = m.build_deployment(pool, revision_of(pool.spec), 2, "stable")
     kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
@@ -80,7 +80,7 @@ def test_a_pool_using_every_pod_field_renders_a_deployment_kubernetes_accepts() 
 
 
 def test_pod_fields_left_unset_change_neither_revision_nor_deployment() -> None:
-    plain = served_pool(declared_pool())
+    plain = served_modelpool(declared_modelpool_manifest())
     deployment = m.build_deployment(plain, revision_of(plain.spec), 1, "stable")
     pod = deployment["spec"]["template"]["spec"]
     assert set(pod) == {"containers"}
@@ -102,7 +102,7 @@ def test_pod_fields_left_unset_change_neither_revision_nor_deployment() -> None:
          "volume-without-name"],
 )  # fmt: skip
 def test_bad_pod_fields_are_refused_with_their_path(engine: dict[str, Any], path: str) -> None:
-    _, findings = check_custom_object(declared_pool().engine(**engine).dict())
+    _, findings = check_custom_object(declared_modelpool_manifest().engine(**engine).dict())
     assert path in [f.path for f in findings], findings
 
 

@@ -19,11 +19,11 @@ from kvpool.domain.estimate import (
     estimate_prompt_tokens,
 )
 from kvpool.gateway.outcomes import status_of
-from tests.support.admission_builders import PoolBuilder
+from tests.builders import CompiledPoolBuilder
 
 # maxModelLen 4096, output p95 512, one replica of 16384 tokens / 16 slots
 POOL = (
-    PoolBuilder(max_model_len=4096, output_p95=512)
+    CompiledPoolBuilder(max_model_len=4096, output_p95=512)
     .capacity(16384, 16)
     .replica_capacity(16384, 16)
     .obj()
@@ -143,7 +143,7 @@ def test_estimate_rejects(kwargs, reason, status) -> None:
 
 
 def test_pool_without_capacity_figure_leaves_the_verdict_to_admission() -> None:
-    pool = PoolBuilder().no_plan().replica_capacity(0, 0).obj()
+    pool = CompiledPoolBuilder().no_plan().replica_capacity(0, 0).obj()
     verdict = decide_estimate(pool, prompt_tokens=10, prompt_utf8_bytes=0, max_tokens=10)
     assert verdict == Estimate(10, 10, output_limit=10)
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import FakeEngine, standard_config
+from tests.builders import standard_admission_config
+from tests.support.gateway import FakeEngine
 
 MAX_BODY = 4096
 KEYS = ["Bearer sk-acme", "Bearer sk-bulk", "Bearer sk-chat", "Bearer sk-nope", "", "Basic x"]
@@ -54,7 +55,9 @@ class _Servers:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         engine = await FakeEngine().start()
-        config = standard_config([engine.url], tokens_per_replica=100_000, slots_per_replica=64)
+        config = standard_admission_config(
+            [engine.url], tokens_per_replica=100_000, slots_per_replica=64
+        )
         config.tenant(
             "chatonly", key="sk-chat", tiers=["interactive"], labels={"class": "interactive"}
         )

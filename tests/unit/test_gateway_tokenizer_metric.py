@@ -17,11 +17,11 @@ import pytest
 from kvpool.adapters import tokenizer as tokenizer_module
 from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
-from tests.gateway_builders import ConfigBuilder
+from tests.builders import AdmissionConfigBuilder
 
 
-def config(**tokenizers: str | Path | None) -> ConfigBuilder:
-    builder = ConfigBuilder().tier("interactive", 50).tier("batch", 20)
+def config(**tokenizers: str | Path | None) -> AdmissionConfigBuilder:
+    builder = AdmissionConfigBuilder().tier("interactive", 50).tier("batch", 20)
     for pool, path in tokenizers.items():
         builder.pool(pool, ["http://127.0.0.1:9"], tokenizer_path=path)
     return builder

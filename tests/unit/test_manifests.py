@@ -9,14 +9,14 @@ import pytest
 
 from kvpool.domain import manifests as m
 from kvpool.domain.revision import revision_of
-from tests.operator_builders import make_pool, served_pool
+from tests.builders import modelpool_manifest, served_modelpool
 
 K8S_VERSION = "1.30.0"
 
 
 def _pool(**engine: Any) -> Any:
-    builder = make_pool("chat").engine(**engine) if engine else make_pool("chat")
-    return served_pool(builder)
+    builder = modelpool_manifest("chat").engine(**engine) if engine else modelpool_manifest("chat")
+    return served_modelpool(builder)
 
 
 # --- revision ------------------------------------------------------------------------------
@@ -56,20 +56,20 @@ def _pool(**engine: Any) -> Any:
 def test_revision_changes_exactly_with_what_defines_the_engine(
     change: Any, new_revision: bool
 ) -> None:
-    base = make_pool("chat")
+    base = modelpool_manifest("chat")
     before = revision_of(base.obj().spec)
-    after = revision_of(change(make_pool("chat")).obj().spec)
+    after = revision_of(change(modelpool_manifest("chat")).obj().spec)
     assert (before != after) is new_revision
-    assert len(after) == 10 and after == revision_of(change(make_pool("chat")).obj().spec)
+    assert len(after) == 10 and after == revision_of(change(modelpool_manifest("chat")).obj().spec)
 
 
 def test_model_version_is_a_new_revision() -> None:
-    doc = make_pool("chat").dict()
+    doc = modelpool_manifest("chat").dict()
     doc["spec"]["model"]["version"] = "v2"
     from kvpool.api.modelpool import ModelPool
 
     assert revision_of(ModelPool.model_validate(doc).spec) != revision_of(
-        make_pool("chat").obj().spec
+        modelpool_manifest("chat").obj().spec
     )
 
 
@@ -176,7 +176,7 @@ def test_one_service_per_track_selects_that_track(track: m.Track) -> None:
     ids=["floor-below-warm", "floor-two", "warm-below-floor", "no-floor"],
 )
 def test_pdb_keeps_the_warm_floor(min_replicas: int, warm: int, min_available: int) -> None:
-    pool = served_pool(make_pool("chat").replicas(min_replicas, 8))
+    pool = served_modelpool(modelpool_manifest("chat").replicas(min_replicas, 8))
     pdb = m.build_pdb(pool, warm)
     assert pdb["spec"]["minAvailable"] == min_available
     assert pdb["spec"]["selector"] == {"matchLabels": {"kvpool.dev/pool": "chat"}}

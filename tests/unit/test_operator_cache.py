@@ -13,7 +13,7 @@ from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.cache import Cache, pod_view, secret_digests
 from kvpool.controller.coalescer import Coalescer
 from kvpool.domain.compile import PodView
-from tests.operator_builders import standard_policy
+from tests.builders import standard_tierpolicy_manifest
 
 
 def _b64(text: str) -> str:
@@ -83,7 +83,7 @@ def test_pods_follow_their_pool_label_and_deletion() -> None:
 
 def test_checks_are_memoised_per_resource_version() -> None:
     cache = Cache()
-    body = standard_policy().dict()
+    body = standard_tierpolicy_manifest().dict()
     body["metadata"]["resourceVersion"] = "1"
     first = cache.checked(body)
     assert isinstance(first.model, TierPolicy) and cache.checked(body) is first

@@ -35,7 +35,7 @@ from kvpool.domain.pool_status import (
     build_pool_status,
     plan_events,
 )
-from tests.operator_builders import make_pool, standard_policy
+from tests.builders import modelpool_manifest, standard_tierpolicy_manifest
 
 
 def _reading(replica: str, tokens: int) -> ReplicaReading:
@@ -191,7 +191,7 @@ def _observe(
     tokenizer: str | None = None,
 ) -> tuple[PoolObservation, CapacityAssessment]:
     builder = (
-        make_pool("chat")
+        modelpool_manifest("chat")
         .lengths((100, 200), (50, 100))
         .peak(interactive=peak)
         .replicas(1, max_replicas)
@@ -200,7 +200,7 @@ def _observe(
         builder = builder.capacity(kvTokensPerReplica=declared)
     pool = builder.obj()
     a = assess_capacity(readings, metrics, None, "rev1", declared, "t1")
-    plan = plan_pool(pool, standard_policy().obj(), a.kv_tokens)
+    plan = plan_pool(pool, standard_tierpolicy_manifest().obj(), a.kv_tokens)
     warm = plan.replicas if not isinstance(plan, PlanError) else 1
     obs = PoolObservation(
         generation=2,

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from kvpool.api.admission_config import CompiledPool
 from kvpool.domain.partition import partition_pool
-from tests.support.admission_builders import PoolBuilder
+from tests.builders import CompiledPoolBuilder
 
 
 def demo_pool() -> CompiledPool:
     """The local demo's plan: one replica of 1,843 tokens / 8 slots."""
     return (
-        PoolBuilder("tiny")
+        CompiledPoolBuilder("tiny")
         .capacity(1843, 8)
         .tier("interactive", 1197, 5, lend_tokens=598, lend_slots=2)
         .tier("batch", 460, 2, lend_tokens=230, lend_slots=1)
@@ -55,7 +55,7 @@ def test_share_out_of_range_is_refused(share: int) -> None:
 def test_shares_of_all_gateways_fit_in_the_plan(
     gateways: int, tokens: int, slots: int, floors: list[int], replicas: int
 ) -> None:
-    builder = PoolBuilder("p").capacity(tokens * replicas, slots * replicas)
+    builder = CompiledPoolBuilder("p").capacity(tokens * replicas, slots * replicas)
     for index, floor in enumerate(floors):
         builder.tier(f"t{index}", tokens * replicas * floor // 100, slots * replicas * floor // 100)
     pool = builder.replicas(replicas).replica_capacity(tokens, slots).obj()

@@ -10,15 +10,17 @@ import yaml
 
 from kvpool.cli import main
 from kvpool.commands.plan import build_plan_report, render_table
-from tests.builders import make_pool, standard_policy
+from tests.builders import modelpool_manifest, standard_tierpolicy_manifest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_report_of_the_worked_example() -> None:
-    pool = make_pool("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8).obj()
+    pool = (
+        modelpool_manifest("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8).obj()
+    )
 
-    report = build_plan_report([pool], [standard_policy().obj()], 200_000)
+    report = build_plan_report([pool], [standard_tierpolicy_manifest().obj()], 200_000)
 
     (entry,) = report["pools"]
     assert report["formatVersion"] == 1
@@ -33,7 +35,9 @@ def test_report_of_the_worked_example() -> None:
 
 
 def test_unplannable_pool_is_reported_not_guessed() -> None:
-    report = build_plan_report([make_pool().obj()], [standard_policy().obj()], None)
+    report = build_plan_report(
+        [modelpool_manifest().obj()], [standard_tierpolicy_manifest().obj()], None
+    )
 
     (entry,) = report["pools"]
     assert entry["ok"] is False
@@ -43,9 +47,9 @@ def test_unplannable_pool_is_reported_not_guessed() -> None:
 
 
 def test_table_shows_floors_shared_and_warnings() -> None:
-    pool = make_pool("tight").replicas(1, 2).peak(interactive=500).obj()
+    pool = modelpool_manifest("tight").replicas(1, 2).peak(interactive=500).obj()
 
-    table = render_table(build_plan_report([pool], [standard_policy().obj()], 200_000))
+    table = render_table(build_plan_report([pool], [standard_tierpolicy_manifest().obj()], 200_000))
 
     assert "ModelPool default/tight  (TierPolicy tiers)" in table
     assert "warm replicas 2" in table
@@ -88,7 +92,7 @@ def test_cli_without_override_uses_declared_figures(capsys: pytest.CaptureFixtur
 
 
 def test_cli_refuses_invalid_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    broken = make_pool("orphan").policy("missing").dict()
+    broken = modelpool_manifest("orphan").policy("missing").dict()
     (tmp_path / "pool.yaml").write_text(yaml.safe_dump(broken))
 
     code = main(["plan", "-f", str(tmp_path)])
@@ -107,14 +111,14 @@ def test_cli_rejects_a_non_positive_override(capsys: pytest.CaptureFixture[str])
 
 def test_table_warns_when_a_floor_holds_less_than_one_request() -> None:
     pool = (
-        make_pool("small")
+        modelpool_manifest("small")
         .engine(maxNumSeqs=8, maxModelLen=512)
         .lengths((64, 128), (32, 64))
         .replicas(1, 1)
         .obj()
     )
 
-    report = build_plan_report([pool], [standard_policy().obj()], 2048)
+    report = build_plan_report([pool], [standard_tierpolicy_manifest().obj()], 2048)
     table = render_table(report)
 
     (entry,) = report["pools"]

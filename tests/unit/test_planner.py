@@ -17,16 +17,21 @@ from kvpool.domain.planner import (
     PoolPlan,
     plan_pool,
 )
-from tests.builders import PoolBuilder, make_policy, make_pool, standard_policy
+from tests.builders import (
+    ModelPoolManifestBuilder,
+    modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tierpolicy_manifest,
+)
 
 
-def worked_example_pool() -> PoolBuilder:
+def worked_example_pool() -> ModelPoolManifestBuilder:
     """The pool of the docs' worked example: 8B chat, 2048+1024 p95, peaks 60/40/8."""
-    return make_pool("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8)
+    return modelpool_manifest("llama-8b").replicas(1, 8).peak(interactive=60, batch=40, eval=8)
 
 
 def test_worked_example_from_docs() -> None:
-    plan = plan_pool(worked_example_pool().obj(), standard_policy().obj(), 200_000)
+    plan = plan_pool(worked_example_pool().obj(), standard_tierpolicy_manifest().obj(), 200_000)
 
     assert isinstance(plan, PoolPlan)
     assert plan.kv_source == "Measured"
@@ -52,7 +57,7 @@ def test_worked_example_from_docs() -> None:
 @dataclass(frozen=True)
 class ReplicaCase:
     id: str
-    pool: PoolBuilder
+    pool: ModelPoolManifestBuilder
     kv: int | None
     replicas: int
     live: int
@@ -60,17 +65,17 @@ class ReplicaCase:
 
 
 REPLICA_CASES = [
-    ReplicaCase("no-peaks-keeps-min", make_pool().replicas(2, 8), 200_000, 2, 58),
+    ReplicaCase("no-peaks-keeps-min", modelpool_manifest().replicas(2, 8), 200_000, 2, 58),
     ReplicaCase(
         "small-peak-clamped-up-to-min",
-        make_pool().replicas(4, 8).peak(interactive=1),
+        modelpool_manifest().replicas(4, 8).peak(interactive=1),
         200_000,
         4,
         58,
     ),
     ReplicaCase(
         "big-peak-clamped-down-to-max-is-short",
-        make_pool().replicas(1, 8).peak(interactive=500, batch=10),
+        modelpool_manifest().replicas(1, 8).peak(interactive=500, batch=10),
         200_000,
         8,
         58,
@@ -79,14 +84,14 @@ REPLICA_CASES = [
     ReplicaCase(
         "exact-fit-needs-no-extra-replica",
         # L=58, floor 50% -> 29 per replica; peak 58 with 0% headroom -> exactly 2
-        make_pool().replicas(1, 8).peak(interactive=58).capacity(headroomPercent=0),
+        modelpool_manifest().replicas(1, 8).peak(interactive=58).capacity(headroomPercent=0),
         200_000,
         2,
         58,
     ),
     ReplicaCase(
         "max-num-seqs-caps-live-sequences",
-        make_pool().engine(maxNumSeqs=16).peak(interactive=40),
+        modelpool_manifest().engine(maxNumSeqs=16).peak(interactive=40),
         200_000,
         # ceil(40 * 120 / (16 * 50)) = 6
         6,
@@ -94,7 +99,7 @@ REPLICA_CASES = [
     ),
     ReplicaCase(
         "declared-capacity-used-without-measurement",
-        make_pool().capacity(kvTokensPerReplica=100_000).peak(interactive=20),
+        modelpool_manifest().capacity(kvTokensPerReplica=100_000).peak(interactive=20),
         None,
         # U = 90,000, L = 29, ceil(20 * 120 / (29 * 50)) = 2
         2,
@@ -102,7 +107,7 @@ REPLICA_CASES = [
     ),
     ReplicaCase(
         "utilisation-target-shrinks-usable",
-        make_pool().capacity(kvUtilizationTarget=50).peak(interactive=20),
+        modelpool_manifest().capacity(kvUtilizationTarget=50).peak(interactive=20),
         200_000,
         # U = 100,000, L = 32, ceil(2400 / 1600) = 2
         2,
@@ -110,7 +115,7 @@ REPLICA_CASES = [
     ),
     ReplicaCase(
         "min-replicas-zero-scales-to-zero-without-peaks",
-        make_pool().replicas(0, 4),
+        modelpool_manifest().replicas(0, 4),
         200_000,
         0,
         58,
@@ -120,7 +125,7 @@ REPLICA_CASES = [
 
 @pytest.mark.parametrize("case", REPLICA_CASES, ids=[c.id for c in REPLICA_CASES])
 def test_warm_replicas(case: ReplicaCase) -> None:
-    plan = plan_pool(case.pool.obj(), standard_policy().obj(), case.kv)
+    plan = plan_pool(case.pool.obj(), standard_tierpolicy_manifest().obj(), case.kv)
 
     assert isinstance(plan, PoolPlan), plan
     assert plan.replicas == case.replicas
@@ -134,7 +139,9 @@ def test_warm_replicas(case: ReplicaCase) -> None:
 def test_capacity_short_keeps_the_full_floor_share() -> None:
     """Short capacity is reported; the tier's reservation is not shrunk to hide it."""
     plan = plan_pool(
-        make_pool().replicas(1, 2).peak(interactive=500).obj(), standard_policy().obj(), 200_000
+        modelpool_manifest().replicas(1, 2).peak(interactive=500).obj(),
+        standard_tierpolicy_manifest().obj(),
+        200_000,
     )
 
     assert isinstance(plan, PoolPlan)
@@ -147,7 +154,7 @@ def test_capacity_short_keeps_the_full_floor_share() -> None:
 @dataclass(frozen=True)
 class ErrorCase:
     id: str
-    pool: PoolBuilder
+    pool: ModelPoolManifestBuilder
     kv: int | None
     reason: str
     message_parts: tuple[str, ...]
@@ -156,28 +163,28 @@ class ErrorCase:
 ERROR_CASES = [
     ErrorCase(
         "no-measurement-no-declared-figure",
-        make_pool(),
+        modelpool_manifest(),
         None,
         CAPACITY_UNKNOWN,
         ("kvTokensPerReplica", "no KV capacity measured"),
     ),
     ErrorCase(
         "replica-cannot-hold-one-p95-sequence",
-        make_pool(),
+        modelpool_manifest(),
         3_000,
         REPLICA_TOO_SMALL,
         ("2700 usable", "3000 x 90%", "3072", "prompt p95 2048", "output p95 1024"),
     ),
     ErrorCase(
         "peak-on-a-zero-floor-tier",
-        make_pool().peak(interactive=10, idle=5),
+        modelpool_manifest().peak(interactive=10, idle=5),
         200_000,
         ZERO_FLOOR_WITH_PEAK,
         ("'idle'", "floorPercent 0"),
     ),
     ErrorCase(
         "peak-for-a-tier-the-policy-lacks",
-        make_pool().peak(premium=10),
+        modelpool_manifest().peak(premium=10),
         200_000,
         UNKNOWN_TIER,
         ("'premium'", "'tiers'"),
@@ -187,7 +194,7 @@ ERROR_CASES = [
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=[c.id for c in ERROR_CASES])
 def test_plan_errors(case: ErrorCase) -> None:
-    policy = standard_policy().tier("idle", floor=0).obj()
+    policy = standard_tierpolicy_manifest().tier("idle", floor=0).obj()
 
     result = plan_pool(case.pool.obj(), policy, case.kv)
 
@@ -197,10 +204,10 @@ def test_plan_errors(case: ErrorCase) -> None:
         assert part in result.message
 
 
-def _small_engine_pool() -> PoolBuilder:
+def _small_engine_pool() -> ModelPoolManifestBuilder:
     """One replica of 2,048 KV tokens at 90 %, 8 sequences, p95 request 128 + 64 tokens."""
     return (
-        make_pool()
+        modelpool_manifest()
         .engine(maxNumSeqs=8, maxModelLen=512)
         .lengths((64, 128), (32, 64))
         .replicas(1, 1)
@@ -242,7 +249,7 @@ def test_a_nonzero_floor_holds_one_p95_request(
     shared: tuple[int, int],
     small: tuple[str, ...],
 ) -> None:
-    policy = make_policy()
+    policy = tierpolicy_manifest()
     for index, floor in enumerate(floors):
         policy.tier(f"t{index}", floor=floor, lend=100)
 
@@ -256,16 +263,16 @@ def test_a_nonzero_floor_holds_one_p95_request(
 
 
 def test_measurement_wins_over_declared_figure() -> None:
-    pool = make_pool().capacity(kvTokensPerReplica=50_000).obj()
+    pool = modelpool_manifest().capacity(kvTokensPerReplica=50_000).obj()
 
-    plan = plan_pool(pool, standard_policy().obj(), 200_000)
+    plan = plan_pool(pool, standard_tierpolicy_manifest().obj(), 200_000)
 
     assert isinstance(plan, PoolPlan)
     assert (plan.kv_tokens_per_replica, plan.kv_source) == (200_000, "Measured")
 
 
 def test_status_carries_every_tier_in_policy_order() -> None:
-    plan = plan_pool(worked_example_pool().obj(), standard_policy().obj(), 200_000)
+    plan = plan_pool(worked_example_pool().obj(), standard_tierpolicy_manifest().obj(), 200_000)
     assert isinstance(plan, PoolPlan)
 
     status = plan.to_status()
@@ -294,11 +301,13 @@ def test_plan_invariants(
     """Floors never exceed the pool, lendable never exceeds a floor, R within bounds."""
     if sum(floors) > 100:
         floors = [f * 100 // sum(floors) for f in floors]
-    policy = make_policy()
+    policy = tierpolicy_manifest()
     for index, (floor, lend) in enumerate(zip(floors, lends, strict=False)):
         policy.tier(f"t{index}", floor=max(floor, 1), lend=lend)
     low, high = min(bounds), max(bounds)
-    pool = make_pool().replicas(low, high).capacity(kvUtilizationTarget=target).peak(t0=peak)
+    pool = (
+        modelpool_manifest().replicas(low, high).capacity(kvUtilizationTarget=target).peak(t0=peak)
+    )
 
     plan = plan_pool(pool.obj(), policy.obj(), kv)
 

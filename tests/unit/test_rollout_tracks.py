@@ -16,8 +16,7 @@ from kvpool.domain.rollout.track_plan import plan_canary
 from kvpool.domain.routing import build_track_pool, decide_track
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pool_runtime import PoolRuntime
-from tests.builders import make_pool, standard_policy
-from tests.support.admission_builders import PoolBuilder
+from tests.builders import CompiledPoolBuilder, modelpool_manifest, standard_tierpolicy_manifest
 
 
 def canary_plan(tokens: int, slots: int) -> TrackPlan:
@@ -45,7 +44,7 @@ CANARY_PLAN = canary_plan(500, 4)
 
 def rollout_pool(plan: TrackPlan | None = CANARY_PLAN, weight: int = 50) -> CompiledPool:
     base = (
-        PoolBuilder()
+        CompiledPoolBuilder()
         .capacity(2000, 16)
         .tier("interactive", 1000, 8)
         .tier("batch", 600, 4)
@@ -104,7 +103,7 @@ def test_the_gateway_admits_each_track_against_its_own_plan() -> None:
         pool = rollout_pool()
         runtime = PoolRuntime(
             pool,
-            PoolBuilder().tier("interactive", 1, 1).tier("batch", 1, 1).tiers(),
+            CompiledPoolBuilder().tier("interactive", 1, 1).tier("batch", 1, 1).tiers(),
             GatewayMetrics(),
         )
         try:
@@ -129,7 +128,7 @@ def test_the_gateway_admits_each_track_against_its_own_plan() -> None:
 def test_a_track_leaving_the_config_keeps_its_reservations_until_released() -> None:
     async def scenario() -> list[str]:
         pool = rollout_pool()
-        tiers = PoolBuilder().tier("interactive", 1, 1).tier("batch", 1, 1).tiers()
+        tiers = CompiledPoolBuilder().tier("interactive", 1, 1).tier("batch", 1, 1).tiers()
         runtime = PoolRuntime(pool, tiers, GatewayMetrics())
         try:
             held = await runtime.admit(request("a", 200, "canary"))
@@ -175,14 +174,14 @@ def _plan(replicas: int, usable: int, live: int) -> PlanStatus:
     ],
 )
 def test_compiled_canary_tiers(all_tiers: bool, spec_tiers: list[str], expected: list[str]) -> None:
-    builder = make_pool().lengths((100, 200), (50, 100)).engine(maxModelLen=512)
+    builder = modelpool_manifest().lengths((100, 200), (50, 100)).engine(maxModelLen=512)
     doc = builder.dict()
     doc["spec"]["rollout"] = {"canaryTiers": spec_tiers}
     doc["metadata"]["uid"] = "u"
     pool = ModelPool.model_validate(doc)
     canary = CanaryInput("rev-b", 10, all_tiers, _plan(1, 921, 3), ())
     item = PoolInput(pool, _plan(2, 1843, 6), "rev-a", (), canary)
-    compiled = build_compiled_pool(item, standard_policy().obj())
+    compiled = build_compiled_pool(item, standard_tierpolicy_manifest().obj())
     assert compiled.canary_tiers == expected
     tracks = {t.name: t for t in compiled.tracks}
     assert (tracks["stable"].weight, tracks["canary"].weight) == (90, 10)
@@ -190,20 +189,24 @@ def test_compiled_canary_tiers(all_tiers: bool, spec_tiers: list[str], expected:
 
 
 def test_a_canary_without_a_plan_compiles_with_weight_zero() -> None:
-    pool = make_pool().lengths((100, 200), (50, 100)).engine(maxModelLen=512).obj()
+    pool = modelpool_manifest().lengths((100, 200), (50, 100)).engine(maxModelLen=512).obj()
     item = PoolInput(
         pool, _plan(2, 1843, 6), "rev-a", (), CanaryInput("rev-b", 50, False, None, ())
     )
     canary = next(
-        t for t in build_compiled_pool(item, standard_policy().obj()).tracks if t.name == "canary"
+        t
+        for t in build_compiled_pool(item, standard_tierpolicy_manifest().obj()).tracks
+        if t.name == "canary"
     )
     assert canary.weight == 0 and canary.plan is None
 
 
 def test_canary_plan_is_its_measured_kv_over_its_replicas() -> None:
     """1,024 measured tokens -> 921 usable -> 3 sequences of 300; floors over 1 replica."""
-    pool = make_pool().lengths((100, 200), (50, 100)).engine(maxModelLen=512).replicas(1, 2)
-    planned = plan_canary(pool.obj(), standard_policy().obj(), 1024, 1)
+    pool = (
+        modelpool_manifest().lengths((100, 200), (50, 100)).engine(maxModelLen=512).replicas(1, 2)
+    )
+    planned = plan_canary(pool.obj(), standard_tierpolicy_manifest().obj(), 1024, 1)
     assert planned.track is not None
     assert (
         planned.track.usable_kv_tokens_per_replica,

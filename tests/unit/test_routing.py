@@ -14,11 +14,11 @@ from kvpool.domain.routing import (
     decide_replica,
     decide_track,
 )
-from tests.support.admission_builders import PoolBuilder
+from tests.builders import CompiledPoolBuilder
 
 
 def _pool(canary_weight: int | None, canary_tiers: list[str] | None = None, stable: int = 2):
-    builder = PoolBuilder().capacity(3000, 12)
+    builder = CompiledPoolBuilder().capacity(3000, 12)
     if stable:
         builder.replicas(stable)
     if canary_weight is not None:
@@ -60,7 +60,7 @@ def test_decide_track(pool, tier, draw, canary) -> None:
 
 @pytest.mark.parametrize(
     ("pool", "tier"),
-    [(_pool(10, ["batch"], stable=0), "interactive"), (PoolBuilder().obj(), "x")],
+    [(_pool(10, ["batch"], stable=0), "interactive"), (CompiledPoolBuilder().obj(), "x")],
     ids=["stable-down-ineligible", "no-tracks"],
 )
 def test_no_track(pool, tier) -> None:

@@ -8,7 +8,6 @@ is about. The CLI runs in-process through ``kvpool.cli.main``; one test runs the
 
 from __future__ import annotations
 
-import base64
 import io
 import subprocess
 import sys
@@ -24,7 +23,12 @@ from kvpool.api.crd import build_crds
 from kvpool.api.validation import Document, assess_rule, validate_documents
 from kvpool.cli import main
 from kvpool.commands.manifests import load_and_validate
-from tests.builders import make_pool, standard_policy
+from tests.builders import (
+    apikey_secret_manifest,
+    modelpool_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -34,41 +38,15 @@ Manifest = dict[str, Any]
 # --- builders ---------------------------------------------------------------------------------
 
 
-def make_budget(name: str = "acme", namespace: str = "default", **spec: Any) -> Manifest:
+def acme_budget(name: str = "acme") -> Manifest:
     """A valid TenantBudget of tenant ``name`` using the standard policy's first two tiers."""
-    return {
-        "apiVersion": "kvpool.dev/v1alpha1",
-        "kind": "TenantBudget",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "tenant": name,
-            "apiKeySecretRef": {"name": f"{name}-key", "key": "api-key"},
-            "tierPolicyRef": {"name": "tiers"},
-            "tiers": ["interactive", "batch"],
-            "limits": [{"window": "1m", "tokens": 100_000}, {"window": "1d", "tokens": 10**8}],
-        }
-        | spec,
-    }
+    budget = tenantbudget_manifest(name).policy("tiers").tiers("interactive", "batch")
+    return budget.limit("1m", 100_000).limit("1d", 10**8).dict()
 
 
-def make_secret(name: str = "acme-key", namespace: str = "default", **values: str) -> Manifest:
-    """A v1 Secret with ``data`` (base64) values; ``api-key`` by default; labelled for the
-    operator to read."""
-    values = values or {"api-key": "s3cret"}
-    encoded = {
-        k.replace("_", "-"): base64.b64encode(v.encode()).decode() for k, v in values.items()
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"kvpool.dev/api-key": "true"},
-        },
-        "type": "Opaque",
-        "data": encoded,
-    }
+def acme_secret(name: str = "acme-key") -> Manifest:
+    """The labelled Secret holding ``api-key`` of :func:`acme_budget`."""
+    return apikey_secret_manifest(name, "api-key", "s3cret")
 
 
 @dataclass
@@ -86,8 +64,10 @@ class ManifestSet:
 
 
 def valid_set() -> ManifestSet:
-    pool = make_pool("chat").peak(interactive=60, batch=40).dict()
-    return ManifestSet(standard_policy().dict(), pool, make_budget(), make_secret(), [])
+    pool = modelpool_manifest("chat").peak(interactive=60, batch=40).dict()
+    return ManifestSet(
+        standard_tierpolicy_manifest().dict(), pool, acme_budget(), acme_secret(), []
+    )
 
 
 def write_manifests(path: Path, documents: list[Any]) -> Path:
@@ -174,16 +154,16 @@ def _drop(role: str, path: str) -> Callable[[ManifestSet], None]:
 
 
 def _second_policy(m: ManifestSet) -> None:
-    other = standard_policy().dict()
+    other = standard_tierpolicy_manifest().dict()
     other["metadata"]["name"] = "other"
     m.extra.append(other)
     del m.budget["spec"]["tierPolicyRef"]
 
 
 def _duplicate_budget_tenant(m: ManifestSet) -> None:
-    twin = make_budget("acme-2")
+    twin = acme_budget("acme-2")
     twin["spec"]["tenant"] = "acme"
-    m.extra += [twin, make_secret("acme-2-key")]
+    m.extra += [twin, acme_secret("acme-2-key")]
 
 
 def _both(*changes: Callable[[ManifestSet], None]) -> Callable[[ManifestSet], None]:
@@ -606,7 +586,7 @@ def test_namespaces_separate_references() -> None:
     manifests = valid_set()
     for body in manifests.documents():
         body["metadata"]["namespace"] = "team-a"
-    other_pool = make_pool("chat", namespace="team-b").dict()
+    other_pool = modelpool_manifest("chat", namespace="team-b").dict()
 
     validated = validate_documents(_docs(*manifests.documents(), other_pool))
 
@@ -628,7 +608,9 @@ def test_objects_without_namespace_are_in_default() -> None:
 def test_duplicate_objects_are_reported() -> None:
     manifests = valid_set()
 
-    validated = validate_documents(_docs(*manifests.documents(), standard_policy().dict()))
+    validated = validate_documents(
+        _docs(*manifests.documents(), standard_tierpolicy_manifest().dict())
+    )
 
     assert [p.format() for p in validated.problems] == [
         "mem: TierPolicy/tiers: metadata.name: duplicate TierPolicy in namespace 'default' "

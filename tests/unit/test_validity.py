@@ -21,9 +21,13 @@ from kvpool.domain.pool_status import (
     status_events,
 )
 from kvpool.domain.validity import Checked, Verdict, assess_namespace, first_claims
-from tests.builders import make_policy, standard_policy
-from tests.gateway_builders import standard_config
-from tests.operator_builders import declared_pool, make_budget
+from tests.builders import (
+    declared_modelpool_manifest,
+    standard_admission_config,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+    tierpolicy_manifest,
+)
 
 
 def checked(doc: dict[str, Any], created: str = "t0") -> Checked[Any]:
@@ -32,32 +36,44 @@ def checked(doc: dict[str, Any], created: str = "t0") -> Checked[Any]:
 
 
 def _served_twice() -> dict[str, Any]:
-    doc = declared_pool("newer").dict()
+    doc = declared_modelpool_manifest("newer").dict()
     doc["spec"]["model"]["servedName"] = "chat"
     return doc
 
 
 POOL_CASES = [
-    ("valid", declared_pool().dict(), [standard_policy().dict()], "Valid", ""),
+    (
+        "valid",
+        declared_modelpool_manifest().dict(),
+        [standard_tierpolicy_manifest().dict()],
+        "Valid",
+        "",
+    ),
     (
         "peak-names-unknown-tier",
-        declared_pool().peak(premium=3).dict(),
-        [standard_policy().dict()],
+        declared_modelpool_manifest().peak(premium=3).dict(),
+        [standard_tierpolicy_manifest().dict()],
         "InvalidSpec",
         "spec.capacity.peakConcurrency.premium: tier 'premium' is not in TierPolicy 'tiers' "
         "(tiers: batch, eval, interactive)",
     ),
-    ("policy-missing", declared_pool().dict(), [], "TierPolicyNotFound", "'tiers' not found"),
+    (
+        "policy-missing",
+        declared_modelpool_manifest().dict(),
+        [],
+        "TierPolicyNotFound",
+        "'tiers' not found",
+    ),
     (
         "policy-invalid",
-        declared_pool().dict(),
-        [make_policy().tier("interactive", floor=70).tier("batch", floor=40).dict()],
+        declared_modelpool_manifest().dict(),
+        [tierpolicy_manifest().tier("interactive", floor=70).tier("batch", floor=40).dict()],
         "TierPolicyInvalid",
         "TierPolicy 'tiers' is invalid (spec.tiers: the floors of all tiers",
     ),
     (
         "own-schema-error-first",
-        declared_pool().engine(maxModelLen="big").dict(),
+        declared_modelpool_manifest().engine(maxModelLen="big").dict(),
         [],
         "InvalidSpec",
         "spec.engine.maxModelLen: must be an integer (got 'big')",
@@ -65,7 +81,7 @@ POOL_CASES = [
     (
         "served-name-taken-by-an-older-pool",
         _served_twice(),
-        [standard_policy().dict()],
+        [standard_tierpolicy_manifest().dict()],
         "InvalidSpec",
         "spec.model.servedName: 'chat' is already served by ModelPool 'chat'",
     ),
@@ -80,7 +96,11 @@ POOL_CASES = [
 def test_pool_verdicts(
     pool: dict[str, Any], policies: list[dict[str, Any]], reason: str, message: str
 ) -> None:
-    others = [checked(declared_pool().dict(), "t0")] if pool["metadata"]["name"] == "newer" else []
+    others = (
+        [checked(declared_modelpool_manifest().dict(), "t0")]
+        if pool["metadata"]["name"] == "newer"
+        else []
+    )
     verdicts = assess_namespace([*others, checked(pool, "t1")], [checked(p) for p in policies], [])
     verdict = verdicts.pools[pool["metadata"]["name"]]
     assert verdict.reason == reason
@@ -88,45 +108,51 @@ def test_pool_verdicts(
 
 
 def _two_policies() -> list[dict[str, Any]]:
-    other = standard_policy().dict()
+    other = standard_tierpolicy_manifest().dict()
     other["metadata"]["name"] = "other"
-    return [standard_policy().dict(), other]
+    return [standard_tierpolicy_manifest().dict(), other]
 
 
 BUDGET_CASES = [
-    ("valid", make_budget("acme").tiers("batch").dict(), [standard_policy().dict()], "Valid", ""),
+    (
+        "valid",
+        tenantbudget_manifest("acme").tiers("batch").dict(),
+        [standard_tierpolicy_manifest().dict()],
+        "Valid",
+        "",
+    ),
     (
         "tier-not-in-policy",
-        make_budget("acme").tiers("batch", "gold").dict(),
-        [standard_policy().dict()],
+        tenantbudget_manifest("acme").tiers("batch", "gold").dict(),
+        [standard_tierpolicy_manifest().dict()],
         "InvalidSpec",
         "spec.tiers[1]: tier 'gold' is not in TierPolicy 'tiers'",
     ),
     (
         "several-policies-and-no-ref",
-        make_budget("acme").dict(),
+        tenantbudget_manifest("acme").dict(),
         _two_policies(),
         "InvalidSpec",
         "spec.tierPolicyRef: required: namespace 'default' has 2 TierPolicies",
     ),
     (
         "several-policies-with-ref",
-        make_budget("acme").policy("other").dict(),
+        tenantbudget_manifest("acme").policy("other").dict(),
         _two_policies(),
         "Valid",
         "",
     ),
     (
         "ref-names-missing-policy",
-        make_budget("acme").policy("nope").dict(),
-        [standard_policy().dict()],
+        tenantbudget_manifest("acme").policy("nope").dict(),
+        [standard_tierpolicy_manifest().dict()],
         "TierPolicyNotFound",
         "'nope' not found",
     ),
     (
         "only-policy-invalid",
-        make_budget("acme").dict(),
-        [make_policy().tier("interactive", floor=-1).dict()],
+        tenantbudget_manifest("acme").dict(),
+        [tierpolicy_manifest().tier("interactive", floor=-1).dict()],
         "TierPolicyInvalid",
         "spec.tiers[0].floorPercent",
     ),
@@ -147,11 +173,11 @@ def test_budget_verdicts(
 
 
 def test_a_tenant_id_stays_with_its_oldest_budget() -> None:
-    newer = make_budget("acme2").spec(tenant="acme").dict()
+    newer = tenantbudget_manifest("acme2").spec(tenant="acme").dict()
     verdicts = assess_namespace(
         [],
-        [checked(standard_policy().dict())],
-        [checked(newer, "t2"), checked(make_budget("acme").dict(), "t1")],
+        [checked(standard_tierpolicy_manifest().dict())],
+        [checked(newer, "t2"), checked(tenantbudget_manifest("acme").dict(), "t1")],
     )
     assert verdicts.budgets["acme"].valid
     assert verdicts.budgets["acme2"].message.startswith("spec.tenant: tenant 'acme' is already")
@@ -174,7 +200,7 @@ def test_first_claims(claims: list[tuple[str, str, str]], owners: dict[str, str]
 
 
 def _config(*pools: str, policies: tuple[str, ...] = ("tiers",)) -> AdmissionConfig:
-    base = standard_config(["http://127.0.0.1:1"]).obj()
+    base = standard_admission_config(["http://127.0.0.1:1"]).obj()
     template = base.pools[0]
     policy = base.tier_policies[0]
     return base.model_copy(

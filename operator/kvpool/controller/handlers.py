@@ -13,7 +13,9 @@ Re-plan triggers:
   are not changes: the operator's own status patches must not re-trigger it);
 - TierPolicy: every pool of the namespace that references it, then the namespace config;
 - TenantBudget: the namespace config;
-- engine Deployments (label ``kvpool.dev/pool``): their ready/desired counts;
+- engine Deployments (labels ``kvpool.dev/pool`` and ``app.kubernetes.io/managed-by=kvpool``,
+  selected by the API server: kopf's ``labels=`` filter alone is client-side, so the watch
+  would carry every Deployment of the cluster): their ready/desired counts;
 - (outside kopf, :mod:`kvpool.controller.watches`: Secrets labelled ``kvpool.dev/api-key``
   that a TenantBudget references, engine Pods labelled ``kvpool.dev/pool`` -> the config);
 - a timer per pool (``--measure-interval``, default 15 s): a new measurement.
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION = "kvpool.dev", "v1alpha1"
 FINALIZER = "kvpool.dev/operator"
+# The engine Deployments the operator renders (build_labels), and no other Deployment.
+ENGINE_DEPLOYMENT_SELECTOR = f"{LABEL_POOL},{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 class Fingerprints:
@@ -116,6 +120,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         )
         settings.posting.enabled = False  # the operator posts its own, meaningful Events
         settings.watching.server_timeout = 300
+        settings.watching.label_selectors["apps", "deployments"] = ENGINE_DEPLOYMENT_SELECTOR
         settings.networking.request_timeout = 30
         await fill_cache(op.cache, op.kube, cfg.namespaces)
         await start_watches(op, cfg.namespaces)
