@@ -15,7 +15,7 @@ import pytest
 
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.gateway.body import BodyWorker
-from tests.gateway_builders import ConfigBuilder
+from tests.builders import AdmissionConfigBuilder
 
 
 def _chat(words: int) -> bytes:
@@ -35,7 +35,7 @@ async def test_small_bodies_are_handled_on_the_loop(
 ) -> None:
     worker = BodyWorker(TokenizerCache())
     pool = (
-        ConfigBuilder()
+        AdmissionConfigBuilder()
         .tier("interactive", 50)
         .pool(
             "tiny", ["http://127.0.0.1:9"], tokenizer_path=tiny_tokenizer_json, max_model_len=8192
