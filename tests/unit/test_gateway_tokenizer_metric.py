@@ -9,6 +9,7 @@ tokenizer loads; it follows config reloads and forgets removed pools. Real token
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from kvpool.adapters import tokenizer as tokenizer_module
 from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.gateway.server import Gateway, GatewaySettings
 from tests.builders import AdmissionConfigBuilder
+from tests.support.waiting import wait_until_async
 
 
 def config(**tokenizers: str | Path | None) -> AdmissionConfigBuilder:
@@ -67,45 +69,47 @@ def test_a_reload_updates_the_flags_and_drops_removed_pools(tiny_tokenizer_json:
     assert fallback(gateway, "old") is None
 
 
+def _gated_fetch(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make every tokenizer load wait for the returned gate (a slow volume, on demand)."""
+    real = tokenizer_module.fetch_tokenizer
+    gate = threading.Event()
+
+    def gated(path: str) -> tokenizer_module.LoadedTokenizer | None:
+        assert gate.wait(10), "the test never opened the gate"
+        return real(path)
+
+    monkeypatch.setattr(tokenizer_module, "fetch_tokenizer", gated)
+    return gate
+
+
 async def test_a_slow_tokenizer_load_does_not_stall_the_event_loop(
     tiny_tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A config reload loads tokenizers on a worker thread: the loop keeps serving."""
-    real = tokenizer_module.fetch_tokenizer
-
-    def slow_fetch(path: str) -> tokenizer_module.LoadedTokenizer | None:
-        time.sleep(1.0)  # a large tokenizer.json on a slow volume
-        return real(path)
-
-    monkeypatch.setattr(tokenizer_module, "fetch_tokenizer", slow_fetch)
+    """A config reload loads tokenizers on a worker thread: apply_config returns while the
+    load is still blocked (loaded inline, it would wait for the gate for 10 s)."""
+    gate = _gated_fetch(monkeypatch)
     gateway = Gateway(
         config(chat=None).obj(), InMemoryBudgetStore(), settings=GatewaySettings(access_log=False)
     )
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    started = time.monotonic()
     gateway.apply_config(config(chat=tiny_tokenizer_json).obj())
-    await asyncio.sleep(0.01)
-    assert loop.time() - started < 0.5, "apply_config blocked the event loop on the tokenizer"
-    while fallback(gateway, "chat") != 0:
-        assert loop.time() - started < 10, "the tokenizer never finished loading"
-        await asyncio.sleep(0.05)
+    assert time.monotonic() - started < 1.0, "apply_config waited for the tokenizer load"
+    assert fallback(gateway, "chat") != 0  # not loaded yet
+    gate.set()
+    await wait_until_async(lambda: fallback(gateway, "chat") == 0, 10, "the tokenizer loads")
 
 
 async def test_a_late_tokenizer_load_does_not_overwrite_a_newer_config(
     tiny_tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = tokenizer_module.fetch_tokenizer
-
-    def slow_fetch(path: str) -> tokenizer_module.LoadedTokenizer | None:
-        time.sleep(0.5)
-        return real(path)
-
-    monkeypatch.setattr(tokenizer_module, "fetch_tokenizer", slow_fetch)
+    gate = _gated_fetch(monkeypatch)
     gateway = Gateway(
         config(old=None).obj(), InMemoryBudgetStore(), settings=GatewaySettings(access_log=False)
     )
-    gateway.apply_config(config(old=tiny_tokenizer_json).obj())  # slow
-    gateway.apply_config(config(new=None).obj())  # fast: no tokenizer to load
-    await asyncio.sleep(1.0)
+    gateway.apply_config(config(old=tiny_tokenizer_json).obj())  # its load waits at the gate
+    gateway.apply_config(config(new=None).obj())  # nothing to load
+    await wait_until_async(lambda: fallback(gateway, "new") == 1, 10, "the new config's flags")
+    gate.set()
+    await asyncio.wait(set(gateway._background))  # the older config's load has finished
     assert fallback(gateway, "new") == 1
     assert fallback(gateway, "old") is None, "the older config's late load came back"
