@@ -131,6 +131,13 @@ def complete(gateway: str, host: str, tokens: int = 16) -> int:
         return int(exc.code)
 
 
+def warm_up(engine: VllmEngine, count: int = 12, parallel: int = 4) -> None:
+    """Send an engine directly the requests ``send`` makes, at the same concurrency."""
+    body = {"model": "tiny", "prompt": "hello " * 20, "max_tokens": 16, "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda _: engine.post_json("/v1/completions", body), range(count)))
+
+
 def send(gateway: str, host: str, count: int, parallel: int = 4) -> list[int]:
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         return list(pool.map(lambda _: complete(gateway, host), range(count)))
@@ -290,12 +297,10 @@ def test_a_healthy_canary_is_promoted_through_every_step(
             wait_until(
                 lambda: status(kube_api)["capacity"]["kvTokensPerReplica"] == 2048, timeout=60
             )
-            # a fresh engine's first requests are slow (warm-up): with a handful of samples
-            # that alone would be a TTFT regression, so the canary is warmed first
-            for _ in range(3):
-                canary.post_json(
-                    "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 4}
-                )
+            # a fresh engine's first requests of each shape are slow (warm-up): with a
+            # handful of samples that alone reads as a 5x TTFT regression (seen twice with
+            # 3 tiny warm-up prompts), so the canary is warmed with the traffic it will get
+            warm_up(canary)
             kube_api.client.patch(
                 mp("chat"),
                 {
