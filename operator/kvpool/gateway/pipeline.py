@@ -41,7 +41,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -172,7 +172,7 @@ class RequestPipeline:
         self.runtimes: dict[str, PoolRuntime] = {}
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
-        self._background: set[asyncio.Task[None]] = set()  # settlements in flight
+        self._background: set[asyncio.Task[None]] = set()  # settlements, tokenizer loads
         self.adaptations: dict[str, PoolAdaptation] = {}  # pool -> learned/measured state
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
@@ -409,7 +409,11 @@ class RequestPipeline:
         if not self.store.remote:
             await self.store.settle(charge, actual, self.wall_clock())
             return
-        task = asyncio.create_task(self._settle_now(charge, actual, self.wall_clock()))
+        self._in_background(self._settle_now(charge, actual, self.wall_clock()))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that is kept until it ends (stop() waits for these)."""
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

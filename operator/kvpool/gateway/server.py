@@ -185,13 +185,11 @@ class Gateway(RequestPipeline):
         self._config_generation += 1
         paths = {pool.name: pool.tokenizer_path for pool in config.pools}
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # constructing, before the loop: nothing to block yet
             self._flag_tokenizers(self._config_generation, self._load_tokenizers(paths))
             return
-        task = loop.create_task(self._load_tokenizers_off_loop(self._config_generation, paths))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._load_tokenizers_off_loop(self._config_generation, paths))
 
     def _load_tokenizers(self, paths: dict[str, str | None]) -> dict[str, bool]:
         return {pool: self.tokenizers.get(path) is not None for pool, path in paths.items()}
