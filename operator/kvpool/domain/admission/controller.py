@@ -304,8 +304,8 @@ class AdmissionController:
             for rid in [rid for rid, (_, until) in replica.holds.items() if until <= now]:
                 _drop_hold(replica, rid)
                 changed = True
-            if replica.holds and replica.held_since is not None:
-                gate = replica.held_since + self._longest_hold
+            gate = replica.hold_gate(self._longest_hold) if replica.holds else None
+            if gate is not None:
                 changed |= self._holds_checked_at < gate <= now
         self._holds_checked_at = now
         return changed
@@ -318,10 +318,9 @@ class AdmissionController:
         for replica in self._replicas.values():
             if replica.holds:
                 times.extend(until for _, until in replica.holds.values())
-                if replica.held_since is not None:
-                    gate = replica.held_since + self._longest_hold
-                    if gate > self._holds_checked_at:
-                        times.append(gate)
+                gate = replica.hold_gate(self._longest_hold)
+                if gate is not None and gate > self._holds_checked_at:
+                    times.append(gate)
         return min(times, default=None)
 
     def next_deadline(self) -> float | None:

@@ -101,7 +101,13 @@ class _Replica:
         longer than ``longest`` (the longest hold) at a time."""
         if not any(r < rank for r, _ in self.holds.values()):
             return False
-        return self.held_since is None or now < self.held_since + longest
+        gate = self.hold_gate(longest)
+        return gate is None or now < gate
+
+    def hold_gate(self, longest: float) -> float | None:
+        """When the chain of holds on this replica lets lower tiers through (None: no
+        chain is running)."""
+        return None if self.held_since is None else self.held_since + longest
 
     @property
     def ready(self) -> bool:
