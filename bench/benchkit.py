@@ -6,14 +6,18 @@ before and after the run next to the figures; results go to ``bench/results/NAME
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import platform
 import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,6 +49,37 @@ def pin_process(cpus: set[int]) -> None:
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
             os.sched_setaffinity(int(task), cpus)
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Sum of every sample by name (labels ignored), from a Prometheus exposition."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0]
+        try:
+            sums[name] = sums.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return sums
+
+
+async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as resp:
+        return await resp.text()
+
+
+async def wait_engine_idle(session: aiohttp.ClientSession, metrics_url: str, limit: float) -> None:
+    """Until the engine runs and queues nothing (at most ``limit`` seconds): a scenario
+    starts on an engine the previous one has left."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        sums = metric_sums(await fetch_text(session, metrics_url))
+        if sums.get("vllm:num_requests_running", 0) + sums.get("vllm:num_requests_waiting", 0) == 0:
+            return
+        await asyncio.sleep(0.5)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -72,7 +72,16 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import machine_info, percentile, pin_process, words_text, write_results
+from benchkit import (
+    fetch_text,
+    machine_info,
+    metric_sums,
+    percentile,
+    pin_process,
+    wait_engine_idle,
+    words_text,
+    write_results,
+)
 from protection_tiers import EXAMPLE_TTFT_TARGET, compare, draw, run_three_tiers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "protection.json"
@@ -124,32 +133,12 @@ class Tally:
     gateway_queue: dict[str, list[float]] = field(default_factory=dict)  # tier -> [sum, count]
 
 
-def metric_sums(text_: str) -> dict[str, float]:
-    """Sum of every sample by name (labels ignored), from a Prometheus exposition."""
-    sums: dict[str, float] = {}
-    for line in text_.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0]
-        try:
-            sums[name] = sums.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return sums
-
-
 def labelled(text_: str, name: str, **labels: str) -> float:
     """One labelled sample's value (0 when absent)."""
     for line in text_.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rpartition(" ")[2])
     return 0.0
-
-
-async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url) as resp:
-        return await resp.text()
 
 
 @dataclass(frozen=True)
@@ -277,15 +266,6 @@ async def batch_worker(
                 tally.batch_errors += 1
 
 
-async def wait_idle(session: aiohttp.ClientSession, engine: VllmEngine, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        sums = metric_sums(await fetch_text(session, engine.metrics_url))
-        if sums.get("vllm:num_requests_running", 0) + sums.get("vllm:num_requests_waiting", 0) == 0:
-            return
-        await asyncio.sleep(0.5)
-
-
 async def run_round(
     scenario: Scenario,
     engine: VllmEngine,
@@ -306,7 +286,7 @@ async def run_round(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=seconds + 60)
     ) as session:
-        await wait_idle(session, engine, 30)
+        await wait_engine_idle(session, engine.metrics_url, 30)
         before = metric_sums(await fetch_text(session, engine.metrics_url))
         gw_before = await fetch_text(session, gateway.metrics_url) if gateway else ""
         started = time.monotonic()
@@ -329,7 +309,7 @@ async def run_round(
             ]
         await asyncio.gather(*jobs)
         tally.seconds += time.monotonic() - started
-        await wait_idle(session, engine, 30)
+        await wait_engine_idle(session, engine.metrics_url, 30)
         after = metric_sums(await fetch_text(session, engine.metrics_url))
         gw_after = await fetch_text(session, gateway.metrics_url) if gateway else ""
 

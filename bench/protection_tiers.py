@@ -53,7 +53,14 @@ from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import percentile, pin_process, words_text
+from benchkit import (
+    fetch_text,
+    metric_sums,
+    percentile,
+    pin_process,
+    wait_engine_idle,
+    words_text,
+)
 
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 8
@@ -207,25 +214,6 @@ async def _worker(
         )
 
 
-def _sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rpartition(" ")[2])
-    return total
-
-
-async def _idle(session: aiohttp.ClientSession, engine: VllmEngine) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        async with session.get(engine.metrics_url) as resp:
-            text = await resp.text()
-        busy = _sum(text, "vllm:num_requests_running") + _sum(text, "vllm:num_requests_waiting")
-        if busy == 0:
-            return
-        await asyncio.sleep(0.5)
-
-
 async def run_scenario(
     engine: VllmEngine,
     base: str,
@@ -237,9 +225,8 @@ async def run_scenario(
 ) -> RunTally:
     tally = RunTally()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await _idle(session, engine)
-        async with session.get(engine.metrics_url) as resp:
-            before = _sum(await resp.text(), "vllm:num_preemptions_total")
+        await wait_engine_idle(session, engine.metrics_url, 30)
+        before = metric_sums(await fetch_text(session, engine.metrics_url))
         started = time.monotonic()
         stop_at = started + seconds
         jobs = [_chat(session, base, priorities, tally, args.rate, args.seed, stop_at)]
@@ -256,9 +243,11 @@ async def run_scenario(
             ]
         await asyncio.gather(*jobs)
         tally.seconds = time.monotonic() - started
-        await _idle(session, engine)
-        async with session.get(engine.metrics_url) as resp:
-            tally.preemptions = _sum(await resp.text(), "vllm:num_preemptions_total") - before
+        await wait_engine_idle(session, engine.metrics_url, 30)
+        after = metric_sums(await fetch_text(session, engine.metrics_url))
+        tally.preemptions = after.get("vllm:num_preemptions_total", 0.0) - before.get(
+            "vllm:num_preemptions_total", 0.0
+        )
     return tally
 
 
