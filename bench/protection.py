@@ -557,8 +557,10 @@ def main_three(args: argparse.Namespace) -> int:
     sweep: list[float | None] = []
     for raw in args.ttft_sweep.split(","):
         value = raw.strip().lower()
+        if not value:
+            continue  # --ttft-sweep "": no sweep, the example's target only
         target = None if value == "none" else float(value) / 1000
-        if value and target != EXAMPLE_TTFT_TARGET:
+        if target != EXAMPLE_TTFT_TARGET:
             sweep.append(target)
     args.ttft_sweep = sweep
     load_before = os.getloadavg()
