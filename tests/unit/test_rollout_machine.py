@@ -670,3 +670,56 @@ def test_seconds_to_next_analysis(
     )
     spec = RolloutSpec(analysis_interval="15s")
     assert seconds_to_next_analysis(spec, status, now) == expected
+
+
+class TestFailuresCountOncePerEvidence:
+    """Analyses whose windows overlap see the same samples: a burst of slow requests fails
+    each of them, but it is one failure, not one per analysis (else failureLimit could not
+    tolerate a single noisy moment)."""
+
+    def failed_once(self) -> RolloutStatus:
+        d = decide_rollout(
+            spec(failure_limit=1), status(), obs(analysis=replace(SLOW, since=at(-20)), now=at(10))
+        )
+        assert d.status.failure_counted_at == "2026-12-01T10:00:10Z"
+        assert next(g for g in d.status.gates if g.gate == "ttftP95").failures == 1
+        return d.status
+
+    @pytest.mark.parametrize(
+        ("since", "now", "failures", "phase", "events"),
+        [
+            pytest.param(5, 20, 1, "Progressing", (), id="window-holds-the-failed-samples"),
+            pytest.param(10, 40, 2, "Paused", ("RolloutGateFailed", "RolloutPaused"), id="new"),
+            pytest.param(
+                None, 20, 2, "Paused", ("RolloutGateFailed", "RolloutPaused"), id="unknown"
+            ),
+        ],
+    )
+    def test_a_failure_counts_only_on_samples_after_the_last(
+        self,
+        since: float | None,
+        now: float,
+        failures: int,
+        phase: str,
+        events: tuple[str, ...],
+    ) -> None:
+        window = replace(SLOW, since=None if since is None else at(since))
+        d = decide_rollout(
+            spec(failure_limit=1), self.failed_once(), obs(analysis=window, now=at(now))
+        )
+        ttft = next(g for g in d.status.gates if g.gate == "ttftP95")
+        assert (ttft.verdict, ttft.failures, d.status.phase) == ("Failed", failures, phase)
+        assert tuple(e.reason for e in d.events) == events
+
+    def test_an_uncounted_failure_still_holds_the_step(self) -> None:
+        """At the step's end a window that still fails never advances, counted or not."""
+        window = replace(SLOW, since=at(5))
+        d = decide_rollout(
+            spec(failure_limit=1), self.failed_once(), obs(analysis=window, now=at(60))
+        )
+        assert (d.status.phase, d.status.step, d.status.weight) == ("Progressing", 0, 10)
+
+    def test_a_new_rollout_forgets_the_last_failure(self) -> None:
+        prior = self.failed_once().model_copy(update={"phase": "Aborted"})
+        d = decide_rollout(spec(), prior, obs(revision="newer"))
+        assert d.status.failure_counted_at is None

@@ -231,6 +231,15 @@ class SnapshotCache:
 MIN_WINDOW_SECONDS = 30  # increase() needs two scrapes in the window, even at 15 s scrapes
 
 
+def analysis_window_seconds(wanted_seconds: float) -> int:
+    """The window an analysis actually queries: what was asked, at least MIN_WINDOW_SECONDS.
+
+    >>> analysis_window_seconds(12.7), analysis_window_seconds(95.2)
+    (30, 95)
+    """
+    return max(int(wanted_seconds), MIN_WINDOW_SECONDS)
+
+
 @dataclass(frozen=True)
 class TrackWindow:
     """One revision's figures over the analysis window (None: no series)."""
@@ -255,7 +264,7 @@ def build_window_queries(
         f'{{{LABEL_NAMESPACE}="{namespace}",{LABEL_POOL}="{pool}",'
         f'{LABEL_REVISION}=~"{"|".join(revisions)}"}}'
     )
-    w = f"[{max(int(window_seconds), MIN_WINDOW_SECONDS)}s]"
+    w = f"[{analysis_window_seconds(window_seconds)}s]"
     by = f"sum by ({LABEL_REVISION})"
     return {
         "ttft_p95": (

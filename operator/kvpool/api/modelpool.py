@@ -736,6 +736,13 @@ class RolloutStatus(ApiModel):
     started_at: str | None = Field(default=None, description="When the rollout began.")
     step_started_at: str | None = Field(default=None, description="When the step began.")
     last_analysis_at: str | None = Field(default=None, description="Last gate analysis.")
+    failure_counted_at: str | None = Field(
+        default=None,
+        description=(
+            "When a gate failure was last counted. Later analyses judge only samples after "
+            "it, and a window still holding the samples that failed is not counted again."
+        ),
+    )
     last_transition_time: str | None = Field(default=None, description="Last phase change.")
     canary_unschedulable_since: str | None = Field(
         default=None, description="Since when a canary pod is unschedulable."

@@ -24,6 +24,7 @@ Local mode (no pods: the API emulator, a laptop): the ModelPool annotation
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import math
@@ -36,6 +37,7 @@ from kvpool.adapters.prometheus import (
     MetricsSnapshot,
     PrometheusUnavailable,
     TrackWindow,
+    analysis_window_seconds,
     fetch_track_in_flight_async,
     fetch_track_windows_async,
 )
@@ -173,8 +175,13 @@ async def _analysis(
         return None, None
     if prior.stage not in (ANALYZING, DRAINING):
         return None, None
+    # samples since the step began, or since the last counted gate failure: a failure
+    # counts once, and the analyses after it judge only what came later
     started = parse_rfc3339(prior.step_started_at) or now
-    window = int((now - started).total_seconds())
+    last_failure = parse_rfc3339(prior.failure_counted_at)
+    if last_failure is not None:
+        started = max(started, last_failure)
+    window = analysis_window_seconds((now - started).total_seconds())
     stable_rev, canary_rev = prior.stable_revision or "", prior.canary_revision
     windows = await fetch_track_windows_async(
         op.snapshots,
@@ -191,7 +198,8 @@ async def _analysis(
     in_flight = None
     if stable is not None and stable.in_flight is not None:
         in_flight = int(stable.in_flight)
-    return build_window_analysis(stable, canary), in_flight
+    since = now - datetime.timedelta(seconds=window)
+    return dataclasses.replace(build_window_analysis(stable, canary), since=since), in_flight
 
 
 async def _canary_in_flight(

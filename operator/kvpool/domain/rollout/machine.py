@@ -13,7 +13,9 @@ Phases and stages::
     Idle --spec revision changes--> Progressing/Starting  (canary created, weight 0)
       Starting   canary ready + measured -> KV gate: Successful -> Analyzing, step 0 weight
                                                      Failed     -> Paused KVCapacityShrunk
-      Analyzing  every analysisInterval: TTFT + preemption gates (failures counted);
+      Analyzing  every analysisInterval: TTFT + preemption gates over the samples since the
+                 step began or the last counted failure (a failure counts once: a window
+                 still holding its samples fails again without counting);
                  step pause elapsed: all Successful -> next step / Promoting,
                  Inconclusive -> Paused Inconclusive, failures > failureLimit -> onFailure,
                  query errors > consecutiveErrorLimit -> Paused MetricsUnavailable
@@ -115,6 +117,7 @@ class WindowAnalysis:
     stable_preemptions: TrackSample = NO_SAMPLE  # preemptions per request
     canary_preemptions: TrackSample = NO_SAMPLE
     error: str | None = None  # Prometheus could not be asked
+    since: datetime.datetime | None = None  # the first moment the window covers (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -335,6 +338,7 @@ def _start(b: _Builder, spec: RolloutSpec, obs: RolloutObservation, stable: str)
         started_at=b.stamp,
         step_started_at=None,
         last_analysis_at=None,
+        failure_counted_at=None,
         last_transition_time=b.stamp,
         canary_unschedulable_since=None,
         drain_started_at=None,
@@ -573,9 +577,15 @@ def _analyze(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
         g.min_samples,
         a.error,
     )
-    gates = [_gate_status(v, st.gates, b.stamp, True) for v in (ttft, pre)]
+    # a window reaching back before the last counted failure holds the samples that failed
+    # then: failing again on them is the same evidence, not a new failure
+    last_counted = parse_rfc3339(st.failure_counted_at)
+    new_evidence = last_counted is None or a.since is None or a.since >= last_counted
+    gates = [_gate_status(v, st.gates, b.stamp, new_evidence) for v in (ttft, pre)]
     errors = st.consecutive_errors + 1 if a.error is not None else 0
     b.update(gates=_set_gates(st, gates).gates, consecutive_errors=errors, last_analysis_at=b.stamp)
+    if new_evidence and any(isinstance(v, Failed) for v in (ttft, pre)):
+        b.update(failure_counted_at=b.stamp)
     if errors > spec.consecutive_error_limit:
         _pause(
             b,
@@ -585,7 +595,7 @@ def _analyze(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
         )
         return
     for verdict, gate in ((ttft, gates[0]), (pre, gates[1])):
-        if isinstance(verdict, Failed):
+        if isinstance(verdict, Failed) and new_evidence:
             b.event("Warning", EVENT_GATE_FAILED, f"{verdict.message} (failure {gate.failures})")
             if gate.failures > spec.failure_limit:
                 _on_failure(
