@@ -25,12 +25,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool.adapters.budget import (
     FailoverBudgetStore,
     FailoverPolicy,
     RedisBudgetStore,
 )
+from kvpool.adapters.engine_metrics import EngineLoad, parse_engine_metrics
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.gateway.metrics import GatewayMetrics
 from tests.builders import tiny_engine_admission_config
@@ -76,6 +78,43 @@ def test_tokenizer_counts_prompts_like_the_engine(
         ours = tokenizer.count_prompt(body["prompt"])
     answer = tiny_engine.post_json(path, body)
     assert ours == answer["usage"]["prompt_tokens"]
+
+
+def reference_engine_load(text: str) -> EngineLoad:
+    """What a full exposition parser (``prometheus_client``'s) reads from the same text."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return EngineLoad(
+        kv_usage=values.get("vllm:kv_cache_usage_perc", 0.0),
+        running=int(values.get("vllm:num_requests_running", 0.0)),
+        waiting=int(values.get("vllm:num_requests_waiting", 0.0)),
+        preemptions_total=int(values.get("vllm:num_preemptions_total", 0.0)),
+    )
+
+
+async def test_the_gateway_reads_an_engine_load_as_a_full_parser_does(
+    tiny_engine: VllmEngine,
+) -> None:
+    """The gateway scans a real engine's ``/metrics`` for four samples instead of parsing
+    all ~50 KB; it must read what a full parser reads, also with requests in flight."""
+    body = completion(max_tokens=200, ignore_eos=True)
+    readings: list[tuple[EngineLoad, EngineLoad]] = []
+    async with aiohttp.ClientSession(tiny_engine.base_url) as session:
+        in_flight = [
+            asyncio.create_task(session.post("/v1/completions", json=body)) for _ in range(10)
+        ]
+        for _ in range(20):
+            text = await (await session.get("/metrics")).text()
+            readings.append((parse_engine_metrics(text), reference_engine_load(text)))
+            if readings[-1][0].running:
+                break
+            await asyncio.sleep(0.05)
+        for response in await asyncio.gather(*in_flight):
+            response.release()
+    assert all(ours == reference for ours, reference in readings), readings
+    assert readings[-1][0].running > 0 and readings[-1][0].kv_usage > 0, readings[-1]
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,37 @@ LABELS = '{engine="0",model_name="tiny"}'
             EngineLoad(0.9, 3, 0, 0),
         ),
         ("", EngineLoad(0.0, 0, 0, 0)),
+        (
+            # longer names sharing a prefix, the counter's _created sample, a timestamp, a
+            # label value with spaces and a brace
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 4.0\n'
+            "vllm:num_preemptions_created 1.79e9\n"
+            'vllm:num_requests_waiting{model_name="a {b} c"} 2.0 1796139025000\n'
+            "vllm:num_preemptions_total 3\n",
+            EngineLoad(0.0, 0, 2, 3),
+        ),
     ],
-    ids=["counter-typed-without-total", "counter-typed-with-total", "two-engines-untyped", "empty"],
+    ids=[
+        "counter-typed-without-total",
+        "counter-typed-with-total",
+        "two-engines-untyped",
+        "empty",
+        "look-alikes-timestamps-odd-labels",
+    ],
 )
 def test_parse_engine_metrics(text: str, expected: EngineLoad) -> None:
     assert parse_engine_metrics(text) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:kv_cache_usage_perc{engine="0"} high',
+        "vllm:num_requests_running",
+        'vllm:num_requests_waiting{x="1" 2',
+    ],
+)
+def test_a_wanted_sample_that_is_not_a_number_is_an_error(line: str) -> None:
+    """The poll keeps its last view on ValueError rather than read a broken sample as 0."""
+    with pytest.raises(ValueError):
+        parse_engine_metrics(line + "\n")
