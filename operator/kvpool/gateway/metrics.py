@@ -35,6 +35,8 @@ Series (all prefixed ``kvpool_gateway_``):
 - ``lent_limit{pool,tier}``: requests of lower tiers allowed on borrowed capacity (limiter);
 - ``overcommit_ratio{pool,tier}``: fraction of its learned output a tier's request reserves
   (1 = no overcommit; the top tier is always 1);
+- ``event_loop_lag_seconds`` histogram: how late the event loop ran a 50 ms timer; a
+  stall here delays every request at once (kvpool.gateway.loop_lag);
 - ``engine_kv_usage{pool,replica}``, ``engine_preemptions_total{pool}``,
   ``borrowing_paused{pool}`` and ``engine_poll_errors_total{pool}``: what the engines'
   own ``/metrics`` said at the last poll, and whether borrowing is paused because of it.
@@ -52,6 +54,7 @@ from kvpool.domain.admission import AdmissionSnapshot
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 ERROR_BUCKETS = (-1024, -256, -64, -16, 0, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
@@ -237,6 +240,12 @@ class GatewayMetrics:
             p + "overcommit_ratio",
             "Fraction of its learned output a request of the tier reserves (1: no overcommit).",
             ["pool", "tier"],
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            p + "event_loop_lag_seconds",
+            "How late the event loop ran a timer (every 50 ms): a stalled loop delays all.",
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         self.engine_kv_usage = Gauge(

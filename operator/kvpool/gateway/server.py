@@ -39,6 +39,7 @@ from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.partition import partition_pool
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
+from kvpool.gateway.loop_lag import watch_loop_lag
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pipeline import (
     UNAUTHORIZED,
@@ -107,7 +108,7 @@ class Gateway(RequestPipeline):
         )
         self._session: aiohttp.ClientSession | None = None
         self._started = False
-        self._watcher: asyncio.Task[None] | None = None
+        self._watchers: list[asyncio.Task[None]] = []  # engine polls, loop lag
         self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
         self._kv_usage_series: dict[str, set[str]] = {}  # pool -> replicas with a usage gauge
         self._config_generation = 0  # configs applied (a late tokenizer load is ignored)
@@ -145,14 +146,16 @@ class Gateway(RequestPipeline):
         )
         self.ejector.start()
         self._started = True
+        self._watchers.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag)))
         if self.settings.engine_poll_seconds > 0:
-            self._watcher = asyncio.create_task(self._watch_engines())
+            self._watchers.append(asyncio.create_task(self._watch_engines()))
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
         await self.ejector.stop()
         self.body.close()
         for runtime in self.runtimes.values():
