@@ -468,7 +468,7 @@ async def test_models_health_and_metrics(
     for series in (
         'kvpool_gateway_queue_seconds_bucket{le="0.001",pool="tiny",tier="interactive"}',
         'kvpool_gateway_admission_decisions_total{outcome="admitted",pool="tiny",tier="interactive"}',
-        'kvpool_gateway_tier_tokens{kind="floor",pool="tiny",tier="interactive"}',
+        'kvpool_gateway_tier_tokens{kind="floor",pool="tiny",tier="interactive",track="stable"}',
         'kvpool_gateway_estimates_total{method="fallback",pool="tiny"}',
         'kvpool_gateway_estimate_error_tokens_count{pool="tiny"}',
     ):

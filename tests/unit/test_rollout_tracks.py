@@ -125,6 +125,33 @@ def test_the_gateway_admits_each_track_against_its_own_plan() -> None:
     assert isinstance(small, Admit) and small.replica == "c0"
 
 
+def test_the_tier_gauges_show_each_track_apart() -> None:
+    """During a rollout on-call sees what the canary holds, not only stable."""
+
+    async def scenario() -> GatewayMetrics:
+        metrics = GatewayMetrics()
+        tiers = CompiledPoolBuilder().tier("interactive", 1, 1).tier("batch", 1, 1).tiers()
+        runtime = PoolRuntime(rollout_pool(), tiers, metrics)
+        metrics.watch_snapshots(runtime.track_snapshots)
+        try:
+            assert isinstance(await runtime.admit(request("a", 200, "canary")), Admit)
+            assert isinstance(await runtime.admit(request("b", 300, "stable")), Admit)
+            return metrics
+        finally:
+            runtime.close()
+
+    registry = asyncio.run(scenario()).registry
+
+    def in_use(track: str) -> float | None:
+        labels = {"pool": "pool", "track": track, "tier": "interactive", "kind": "in_use"}
+        return registry.get_sample_value("kvpool_gateway_tier_tokens", labels)
+
+    canary_total = registry.get_sample_value(
+        "kvpool_gateway_pool_tokens", {"pool": "pool", "track": "canary", "kind": "total"}
+    )
+    assert (in_use("stable"), in_use("canary"), canary_total) == (300, 200, 500)
+
+
 def test_a_track_leaving_the_config_keeps_its_reservations_until_released() -> None:
     async def scenario() -> list[str]:
         pool = rollout_pool()

@@ -11,8 +11,9 @@ Series (all prefixed ``kvpool_gateway_``):
 - ``admission_decisions_total{pool,tier,outcome}``: admitted, borrowed, queued,
   rejected-deadline, rejected-capacity, rejected-budget, demoted, rejected-unavailable,
   rejected-estimate, forbidden;
-- ``tier_tokens{pool,tier,kind}`` / ``tier_slots{pool,tier,kind}`` gauges, kind = in_use,
-  floor, borrowed, lent, queued: in-use vs floor per tier (refreshed on every scrape);
+- ``tier_tokens{pool,track,tier,kind}`` / ``tier_slots{pool,track,tier,kind}`` gauges, kind
+  = in_use, floor, borrowed, lent, queued: in-use vs floor per tier and rollout track
+  (refreshed on every scrape; ``queued_requests`` and ``pool_tokens`` carry ``track`` too);
 - ``tenant_tokens_charged_total{tenant,window}``: tokens charged to budgets after settling;
 - ``tenant_budget_used_tokens{tenant,window}`` gauge: usage seen at the last reservation;
 - ``tenant_budget_limit_tokens{tenant,window}`` gauge: that window's limit (alerts divide);
@@ -61,33 +62,33 @@ ERROR_BUCKETS = (-1024, -256, -64, -16, 0, 16, 64, 256, 1024, 4096, 16384, 65536
 class _SnapshotCollector(Collector):
     """In-use vs floor per tier, read from the admission controllers at scrape time."""
 
-    def __init__(self, snapshots: Callable[[], Iterable[AdmissionSnapshot]]) -> None:
+    def __init__(self, snapshots: Callable[[], Iterable[tuple[str, AdmissionSnapshot]]]) -> None:
         self._snapshots = snapshots
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         tokens = GaugeMetricFamily(
             "kvpool_gateway_tier_tokens",
             "KV tokens per tier: in_use, floor, borrowed (above floor), lent, queued.",
-            labels=["pool", "tier", "kind"],
+            labels=["pool", "track", "tier", "kind"],
         )
         slots = GaugeMetricFamily(
             "kvpool_gateway_tier_slots",
             "Sequence slots per tier: in_use, floor, borrowed (above floor), lent.",
-            labels=["pool", "tier", "kind"],
+            labels=["pool", "track", "tier", "kind"],
         )
         queued = GaugeMetricFamily(
             "kvpool_gateway_queued_requests",
             "Requests waiting for admission.",
-            labels=["pool", "tier"],
+            labels=["pool", "track", "tier"],
         )
         pool_tokens = GaugeMetricFamily(
             "kvpool_gateway_pool_tokens",
             "KV tokens per pool: total (plan) and in_use.",
-            labels=["pool", "kind"],
+            labels=["pool", "track", "kind"],
         )
-        for snap in self._snapshots():
-            pool_tokens.add_metric([snap.pool, "total"], snap.total_tokens)
-            pool_tokens.add_metric([snap.pool, "in_use"], snap.in_use_tokens)
+        for track, snap in self._snapshots():
+            pool_tokens.add_metric([snap.pool, track, "total"], snap.total_tokens)
+            pool_tokens.add_metric([snap.pool, track, "in_use"], snap.in_use_tokens)
             for t in snap.tiers:
                 for kind, value in (
                     ("in_use", t.in_use_tokens),
@@ -96,15 +97,15 @@ class _SnapshotCollector(Collector):
                     ("lent", t.lent_tokens),
                     ("queued", t.queued_tokens),
                 ):
-                    tokens.add_metric([snap.pool, t.tier, kind], value)
+                    tokens.add_metric([snap.pool, track, t.tier, kind], value)
                 for kind, value in (
                     ("in_use", t.in_use_slots),
                     ("floor", t.floor_slots),
                     ("borrowed", t.borrowed_slots),
                     ("lent", t.lent_slots),
                 ):
-                    slots.add_metric([snap.pool, t.tier, kind], value)
-                queued.add_metric([snap.pool, t.tier], t.queued_requests)
+                    slots.add_metric([snap.pool, track, t.tier, kind], value)
+                queued.add_metric([snap.pool, track, t.tier], t.queued_requests)
         yield tokens
         yield slots
         yield queued
@@ -285,8 +286,11 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def watch_snapshots(self, snapshots: Callable[[], Iterable[AdmissionSnapshot]]) -> None:
-        """Export in-use vs floor gauges from the admission controllers at scrape time."""
+    def watch_snapshots(
+        self, snapshots: Callable[[], Iterable[tuple[str, AdmissionSnapshot]]]
+    ) -> None:
+        """Export in-use vs floor gauges from the admission controllers at scrape time, one
+        set per rollout track (``stable``, and ``canary`` while a canary has its own plan)."""
         self.registry.register(_SnapshotCollector(snapshots))
 
     def render(self) -> bytes:

@@ -233,6 +233,11 @@ class PoolRuntime:
         """The stable track's in-use vs plan view (the pool's plan)."""
         return self.controller.snapshot()
 
+    def track_snapshots(self) -> list[tuple[str, AdmissionSnapshot]]:
+        """Every track's in-use vs plan view, stable first (a canary with its own plan, and
+        a retired track while its requests finish)."""
+        return [(track, c.snapshot()) for track, c in self.controllers.items()]
+
     def _record(self, verdict: Admit | Reject) -> None:
         tier = verdict.tier
         self.metrics.decisions.labels(self.pool.name, tier, verdict.outcome).inc()

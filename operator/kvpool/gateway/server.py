@@ -112,7 +112,9 @@ class Gateway(RequestPipeline):
         self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
         self._kv_usage_series: dict[str, set[str]] = {}  # pool -> replicas with a usage gauge
         self._config_generation = 0  # configs applied (a late tokenizer load is ignored)
-        self.metrics.watch_snapshots(lambda: [r.snapshot() for r in self.runtimes.values()])
+        self.metrics.watch_snapshots(
+            lambda: [s for r in self.runtimes.values() for s in r.track_snapshots()]
+        )
         self.ejector = ReplicaEjector(
             self.metrics,
             lambda: self.runtimes,
