@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -66,6 +67,18 @@ def metric_sums(text: str) -> dict[str, float]:
     return sums
 
 
+def histogram_buckets(text: str, name: str) -> dict[str, float]:
+    """Cumulative counts by ``le`` of one histogram (label sets summed), from an exposition."""
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        counts[le] = counts.get(le, 0.0) + float(value)
+    return counts
+
+
 async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url) as resp:
         return await resp.text()
@@ -87,7 +100,39 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
+    # the smallest value with at least q % of the values at or below it (ceil, not round:
+    # round(95.5) is 96 by banker's rounding, which took the 96th of 100 values for p95)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered) / 100) - 1))]
+
+
+def bootstrap_ratio_interval(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    q: float = 95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A 95 % interval of ``percentile(numerator, q) / percentile(denominator, q)``.
+
+    Each sample set is resampled with replacement (a percentile bootstrap), so a p95 ratio
+    from ~120 requests a scenario comes with how far it could move from run to run: on a
+    shared machine a single p95 is the 6th-worst request and one ratio alone says little.
+    None when either side has no samples.
+    """
+    if not numerator or not denominator:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        top = percentile(rng.choices(numerator, k=len(numerator)), q)
+        bottom = percentile(rng.choices(denominator, k=len(denominator)), q)
+        if top is not None and bottom:
+            ratios.append(top / bottom)
+    ratios.sort()
+    return (
+        round(ratios[int(0.025 * (len(ratios) - 1))], 3),
+        round(ratios[int(0.975 * (len(ratios) - 1))], 3),
+    )
 
 
 def words_text(rng: random.Random, words: int, vocabulary: Sequence[str]) -> str:

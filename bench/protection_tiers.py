@@ -54,7 +54,9 @@ from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
 from benchkit import (
+    bootstrap_ratio_interval,
     fetch_text,
+    histogram_buckets,
     metric_sums,
     percentile,
     pin_process,
@@ -90,6 +92,8 @@ class RunTally:
     tiers: dict[str, TierTally] = field(default_factory=lambda: {t: TierTally() for t in KEYS})
     seconds: float = 0.0
     preemptions: float = 0.0
+    loop_lag_samples: float = 0.0  # the gateway's event-loop lag timer (gateway scenarios)
+    loop_lag_over_5ms: float = 0.0
 
     def merge(self, other: RunTally) -> None:
         """Add another round of the same scenario."""
@@ -102,6 +106,8 @@ class RunTally:
             mine.errors += counts.errors
         self.seconds += other.seconds
         self.preemptions += other.preemptions
+        self.loop_lag_samples += other.loop_lag_samples
+        self.loop_lag_over_5ms += other.loop_lag_over_5ms
 
 
 async def _stream(
@@ -260,7 +266,13 @@ def summarise(tally: RunTally) -> dict[str, Any]:
         "total_tokens_per_s": _r(total / tally.seconds if tally.seconds else None),
         "preemptions": int(tally.preemptions),
         "seconds": round(tally.seconds, 1),
+        "chat_ttft_samples_ms": [round(v, 2) for v in tally.ttft_ms],
     }
+    if tally.loop_lag_samples:
+        # share of the gateway's 50 ms timers that ran over 5 ms late (a stalled event loop)
+        row["gateway_loop_lag_over_5ms_share"] = _r(
+            tally.loop_lag_over_5ms / tally.loop_lag_samples
+        )
     for tier, counts in tally.tiers.items():
         row[f"{tier}_tokens_per_s"] = _r(counts.tokens / tally.seconds if tally.seconds else None)
         row[f"{tier}_share"] = _r(counts.tokens / total if total else None)
@@ -386,6 +398,13 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                             args=args,
                             seconds=seconds,
                         )
+                        async with aiohttp.ClientSession() as session:
+                            lag = histogram_buckets(
+                                await fetch_text(session, gateway.metrics_url),
+                                "kvpool_gateway_event_loop_lag_seconds",
+                            )
+                        tally.loop_lag_samples = lag.get("+Inf", 0.0)
+                        tally.loop_lag_over_5ms = lag.get("+Inf", 0.0) - lag.get("0.005", 0.0)
                     finally:
                         await asyncio.to_thread(gateway.stop)
                 tallies[name].merge(tally)
@@ -414,10 +433,21 @@ def compare(scenarios: dict[str, Any]) -> dict[str, Any]:
     throughput = ratio(kv["total_tokens_per_s"], prio["total_tokens_per_s"])
     preempt = ratio(kv["preemptions"], prio["preemptions"]) if prio["preemptions"] else None
     shares = {t: kv[f"{t}_share"] for t in ("batch", "eval")}
+
+    def interval(other: dict[str, Any]) -> tuple[float, float] | None:
+        return bootstrap_ratio_interval(
+            kv["chat_ttft_samples_ms"], other.get("chat_ttft_samples_ms") or []
+        )
+
     return {
         "kvpool_chat_p95_over_alone": ttft_alone,
+        "kvpool_chat_p95_over_alone_ci95": interval(alone),
         "kvpool_chat_p95_over_alone_through_kvpool": ratio(kv["chat_ttft_p95_ms"], via_gateway),
+        "kvpool_chat_p95_over_alone_through_kvpool_ci95": interval(
+            scenarios.get("chat-alone-kvpool", {})
+        ),
         "kvpool_chat_p95_over_priority": ttft_prio,
+        "kvpool_chat_p95_over_priority_ci95": interval(prio),
         "kvpool_total_tokens_over_priority": throughput,
         "kvpool_preemptions_over_priority": preempt,
         "kvpool_tier_shares": shares,
