@@ -531,7 +531,12 @@ class RolloutSpec(ApiModel):
         default=0,
         ge=0,
         le=100,
-        description="Failed gate analyses tolerated (running total per gate) before onFailure.",
+        description=(
+            "Failed gate analyses tolerated (running total per gate) before onFailure. A "
+            "failure counts once: analyses whose window still holds the samples of the last "
+            "counted failure do not count again, so a persistent regression acts after about "
+            "failureLimit x max(analysisInterval, 30s)."
+        ),
     )
     consecutive_error_limit: int = Field(
         default=4,
