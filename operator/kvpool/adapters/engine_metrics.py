@@ -35,8 +35,8 @@ def parse_engine_metrics(text: str) -> EngineLoad:
 
     A scan for the four sample names, not a full exposition parse: a vLLM ``/metrics`` is
     ~50 KB of histograms, which ``prometheus_client``'s parser takes ~6 ms to read on the
-    gateway's event loop, every poll of every replica; this takes a few hundred
-    microseconds. Raises ValueError on a wanted sample whose value is not a number.
+    gateway's event loop, every poll of every replica; this takes under 0.1 ms.
+    Raises ValueError on a wanted sample whose value is not a number.
 
     >>> parse_engine_metrics('vllm:num_requests_running{engine="0"} 2.0\nvllm:x 1\n')
     EngineLoad(kv_usage=0.0, running=2, waiting=0, preemptions_total=0)
