@@ -469,6 +469,13 @@ def main() -> int:
         default="10,15,25,none",
         help="three tiers: interactive ttftP95Target values (ms, or none) besides the example's",
     )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="three tiers: every engine's step budget (vLLM's default when unset); results "
+        "go to protection_tiers_batched<N>.json, without the plot",
+    )
     args = parser.parse_args()
     if args.tiers == "three":
         return main_three(args)
@@ -504,6 +511,7 @@ def main() -> int:
             "seed": args.seed,
             "rounds": args.rounds,
             "pinned": args.pin,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
         },
         "scenarios": scenarios,
         "comparison": {
@@ -586,6 +594,7 @@ def main_three(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "rounds": args.rounds,
             "pinned": args.pin,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
         },
         "scenarios": scenarios,
         "comparison": comparison,
@@ -606,6 +615,12 @@ def main_three(args: argparse.Namespace) -> int:
         print(f"{name:16}{cells}")
     for key, value in comparison.items():
         print(f"{key}: {value}")
+    if args.max_num_batched_tokens is not None:
+        variant = TIERS_RESULTS.with_name(
+            f"protection_tiers_batched{args.max_num_batched_tokens}.json"
+        )
+        print(f"wrote {write_results(variant, result)}")
+        return 0
     print(f"wrote {write_results(TIERS_RESULTS, result)}")
     plot = draw(scenarios, PLOT)
     if plot is not None:

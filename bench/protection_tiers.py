@@ -319,7 +319,16 @@ def gateway_config(engine: VllmEngine, ttft_target: float | None) -> AdmissionCo
     )
 
 
-def start_engine(policy: str, workdir: Path, pin: bool) -> VllmEngine:
+def start_engine(
+    policy: str, workdir: Path, pin: bool, max_num_batched_tokens: int | None = None
+) -> VllmEngine:
+    """One engine of the run; ``max_num_batched_tokens`` (every engine alike) bounds the
+    tokens of one engine step, so a long prefill is split over several steps."""
+    step_budget = (
+        ()
+        if max_num_batched_tokens is None
+        else (f"--max-num-batched-tokens={max_num_batched_tokens}",)
+    )
     config = EngineConfig(
         model_dir=tiny_model_dir(),
         served_model_name="tiny",
@@ -328,7 +337,7 @@ def start_engine(policy: str, workdir: Path, pin: bool) -> VllmEngine:
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN,
         scheduling_policy=policy,
-        extra_args=("--no-enable-prefix-caching",),
+        extra_args=("--no-enable-prefix-caching", *step_budget),
         extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0"} if pin else {},
     )
     return VllmEngine(config, log_path=workdir / f"vllm3-{policy}.log").start()
@@ -344,7 +353,9 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
         if args.pin:
             os.sched_setaffinity(0, {0})
         for policy in ("priority", "fcfs"):
-            engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
+            engines[policy] = await asyncio.to_thread(
+                start_engine, policy, workdir, args.pin, args.max_num_batched_tokens
+            )
         if args.pin:
             pin_process({1})  # the load generator and the gateways: never the engines' core
         prio = engines["priority"]

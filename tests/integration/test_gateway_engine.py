@@ -105,16 +105,21 @@ async def test_the_gateway_reads_an_engine_load_as_a_full_parser_does(
         in_flight = [
             asyncio.create_task(session.post("/v1/completions", json=body)) for _ in range(10)
         ]
-        for _ in range(20):
+        # until the engine reports them running (a cold engine may take seconds to start)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             text = await (await session.get("/metrics")).text()
             readings.append((parse_engine_metrics(text), reference_engine_load(text)))
-            if readings[-1][0].running:
+            if readings[-1][0].running and readings[-1][0].kv_usage:
                 break
             await asyncio.sleep(0.05)
+        statuses = []
         for response in await asyncio.gather(*in_flight):
+            statuses.append(response.status)
             response.release()
     assert all(ours == reference for ours, reference in readings), readings
-    assert readings[-1][0].running > 0 and readings[-1][0].kv_usage > 0, readings[-1]
+    last = readings[-1][0]
+    assert last.running > 0 and last.kv_usage > 0, (last, len(readings), statuses)
 
 
 @pytest.mark.parametrize(
