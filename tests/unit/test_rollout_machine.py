@@ -710,6 +710,7 @@ class TestFailuresCountOncePerEvidence:
         ttft = next(g for g in d.status.gates if g.gate == "ttftP95")
         assert (ttft.verdict, ttft.failures, d.status.phase) == ("Failed", failures, phase)
         assert tuple(e.reason for e in d.events) == events
+        assert ("not counted" in (ttft.message or "")) == (failures == 1)
 
     def test_an_uncounted_failure_still_holds_the_step(self) -> None:
         """At the step's end a window that still fails never advances, counted or not."""

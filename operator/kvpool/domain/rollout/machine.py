@@ -259,9 +259,11 @@ def _gate_status(
 ) -> GateStatus:
     m = verdict.measured
     old = next((g for g in prior if g.gate == m.gate), None)
-    failures = (old.failures if old else 0) + (
-        1 if count_failure and isinstance(verdict, Failed) else 0
-    )
+    failed = isinstance(verdict, Failed)
+    failures = (old.failures if old else 0) + (1 if count_failure and failed else 0)
+    message = verdict.message
+    if failed and not count_failure:
+        message += " (the window still holds the samples of the last counted failure: not counted)"
 
     def finite(x: float | None) -> float | None:
         return round(x, 6) if x is not None and math.isfinite(x) else None
@@ -277,7 +279,7 @@ def _gate_status(
         stable_samples=m.stable_samples,
         canary_samples=m.canary_samples,
         failures=failures,
-        message=verdict.message,
+        message=message,
         measured_at=now,
     )
 
