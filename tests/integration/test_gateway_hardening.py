@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -55,6 +56,20 @@ def config(
         )
         .tenant("acme", key="sk-acme", tiers=["batch"], limits=limits)
     )
+
+
+async def post_completion(
+    session: aiohttp.ClientSession, gateway: str, body: dict[str, Any], timeout: float
+) -> int:
+    """POST ``body`` to the gateway's /v1/completions as acme and read the whole answer;
+    its status, or 0 when ``timeout`` passed first (the client gave up: an abort)."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.post(f"{gateway}/v1/completions", json=body, headers=ACME) as resp:
+                await resp.read()
+                return resp.status
+    except TimeoutError:
+        return 0
 
 
 def engine_counters(tiny_engine: VllmEngine) -> dict[str, float]:
@@ -105,16 +120,8 @@ async def test_aborted_requests_are_charged_at_least_what_the_engine_generated(
     aborted = 0
     async with aiohttp.ClientSession() as session:
 
-        async def send() -> int:
-            try:
-                async with asyncio.timeout(0.25):
-                    async with session.post(
-                        f"{proc.url}/v1/completions", json=body, headers=ACME
-                    ) as resp:
-                        await resp.read()
-                        return resp.status
-            except TimeoutError:
-                return 0
+        def send() -> Awaitable[int]:
+            return post_completion(session, proc.url, body, timeout=0.25)
 
         seen: list[int] = []
         for _ in range(8):  # 5 x 405 reserved tokens fit the replica's 2048 at once
@@ -206,15 +213,8 @@ async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
 
             async def timed() -> tuple[int, float]:
                 started = time.monotonic()
-                try:
-                    async with asyncio.timeout(10):
-                        async with session.post(
-                            f"{proc.url}/v1/completions", json=body, headers=ACME
-                        ) as resp:
-                            await resp.read()
-                            return resp.status, time.monotonic() - started
-                except TimeoutError:
-                    return 0, time.monotonic() - started
+                status = await post_completion(session, proc.url, body, timeout=10)
+                return status, time.monotonic() - started
 
             # real time on purpose: a SIGSTOPped engine and the gateway's own health timers
             os.kill(hung.process.pid, signal.SIGSTOP)
