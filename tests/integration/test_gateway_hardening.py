@@ -191,7 +191,8 @@ async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
 ) -> None:
     """Given a gateway process over a real vLLM engine (tiny-0) and a second endpoint
     (tiny-1), when the engine is SIGSTOPped (it still accepts connections, answers
-    nothing), then within 2 s it is out of routing, the request already waiting on it ends
+    nothing), then within 3 s (two missed health probes in a row: 2 x (0.5 s interval +
+    1 s timeout)) it is out of routing, the request already waiting on it ends
     (504) instead of holding its reservation for the 600 s upstream timeout, every new
     request is served by the other endpoint, and once resumed it is probed back in."""
     hung = vllm_engine(
@@ -228,9 +229,9 @@ async def test_a_hung_engine_is_ejected_and_nothing_waits_on_it(
                 interval=0.1,
             )
             ejected_after = time.monotonic() - t0
-            assert ejected_after <= 2.0, f"hung engine ejected after {ejected_after:.1f} s"
+            assert ejected_after <= 4.0, f"hung engine ejected after {ejected_after:.1f} s"
             status, waited = await in_flight
-            assert status == 504 and waited < 3.0, (
+            assert status == 504 and waited < 4.5, (
                 f"the request on the hung engine ended after {waited:.1f} s with "
                 f"{status or 'no answer'} (0: still waiting after 10 s)"
             )

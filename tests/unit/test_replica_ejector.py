@@ -1,26 +1,36 @@
-"""The gateway's ejection gauge follows the config: a replica that left it is forgotten.
+"""The gateway's replica ejector: what its health probes count, and its gauge.
 
-KvpoolReplicaEjected alerts on ``kvpool_gateway_replica_ejected == 1`` for 10 minutes; a
-deleted engine pod ejected when it died must not keep that series at 1 for the gateway's
-life (the alert would never resolve).
+- One ``/health`` probe answered late (a loaded machine) ejects nothing: an ejection ends
+  every request in flight on the replica, so it takes two missed probes in a row; a refused
+  connection ejects at once.
+- KvpoolReplicaEjected alerts on ``kvpool_gateway_replica_ejected == 1`` for 10 minutes; a
+  deleted engine pod ejected when it died must not keep that series at 1 for the gateway's
+  life (the alert would never resolve).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
+from aiohttp import web
+
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.metrics import GatewayMetrics
+from tests.support.ports import free_port
 
 
 class FakeRuntime:
     """What the ejector uses of a PoolRuntime: the pool's endpoints, and the ejection calls
     (recorded: the runtime keeps ejected replicas out of routing until told otherwise)."""
 
-    def __init__(self, pool: str, *replicas: str) -> None:
-        endpoints = [SimpleNamespace(name=r, url=f"http://{r}:8000", ready=True) for r in replicas]
+    def __init__(self, pool: str, *replicas: str, urls: dict[str, str] | None = None) -> None:
+        endpoints = [
+            SimpleNamespace(name=r, url=(urls or {}).get(r, f"http://{r}:8000"), ready=True)
+            for r in replicas
+        ]
         self.pool = SimpleNamespace(name=pool, tracks=[SimpleNamespace(endpoints=endpoints)])
         self.calls: list[tuple[str, bool]] = []
 
@@ -28,8 +38,8 @@ class FakeRuntime:
         self.calls.append((name, ejected))
 
 
-def runtime(pool: str, *replicas: str) -> Any:
-    return FakeRuntime(pool, *replicas)
+def runtime(pool: str, *replicas: str, urls: dict[str, str] | None = None) -> Any:
+    return FakeRuntime(pool, *replicas, urls=urls)
 
 
 def ejected(metrics: GatewayMetrics, pool: str, replica: str) -> float | None:
@@ -62,3 +72,59 @@ def test_a_replica_gone_from_the_config_loses_its_ejection_gauge() -> None:
     runtimes.clear()  # the pool left the config
     ejector.forget_absent()
     assert ejected(metrics, "chat", "chat-0") is None
+
+
+def ejections(metrics: GatewayMetrics, pool: str, reason: str) -> float:
+    labels = {"pool": pool, "reason": reason}
+    return metrics.registry.get_sample_value("kvpool_gateway_ejections_total", labels) or 0.0
+
+
+async def health_server(delays: list[float]) -> tuple[web.AppRunner, str]:
+    """An engine whose ``/health`` answers after the next of ``delays`` (then at once)."""
+
+    async def health(_: web.Request) -> web.Response:
+        if delays:
+            await asyncio.sleep(delays.pop(0))
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> None:
+    metrics = GatewayMetrics()
+
+    async def scenario() -> None:
+        delays = [0.3, 0.0, 0.3, 0.0, 0.3]  # late (0.1 s timeout), on time, late, ...
+        runner, url = await health_server(delays)
+        closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused
+        runtimes = {"chat": runtime("chat", "late", "gone", urls={"late": url, "gone": closed})}
+        ejector = ReplicaEjector(metrics, lambda: runtimes, probe_interval=0.02, probe_timeout=0.1)
+        ejector.start()
+        try:
+            deadline = time.monotonic() + 10
+            while delays and time.monotonic() < deadline:  # every late answer was probed
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # and a few on-time probes after them
+            assert not delays
+            assert ejected(metrics, "chat", "late") == 0
+            assert ejections(metrics, "chat", "health") == 0
+            assert ejected(metrics, "chat", "gone") == 1
+            assert ejections(metrics, "chat", "refused") >= 1
+
+            delays.extend([0.3, 0.3])  # two late answers in a row: hung
+            while delays and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the last late probe times out
+            assert ejections(metrics, "chat", "health") == 1
+            assert ("late", True) in runtimes["chat"].calls
+        finally:
+            await ejector.stop()
+            await runner.cleanup()
+
+    asyncio.run(scenario())

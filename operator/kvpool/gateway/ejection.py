@@ -4,9 +4,11 @@ Why this module exists: :mod:`kvpool.domain.outlier` decides *when* a replica is
 class feeds it and carries the verdicts out:
 
 - every ``probe_interval`` (0.5 s) it GETs ``/health`` of every replica the config lists
-  ready, each bounded by ``probe_timeout`` (1 s). No answer in time, a refused connection
-  or a 5xx is a ``health`` failure; any other answer is a success (so a hung engine that
-  still accepts TCP connections is caught within interval + timeout, 1.5 s);
+  ready, each bounded by ``probe_timeout`` (1 s). A refused connection is a ``refused``
+  failure (ejects at once); no answer in time or a 5xx is a ``health`` failure, which
+  ejects when the next probe fails too; any other answer is a success. So a hung engine
+  that still accepts TCP connections is caught within 2 x (interval + timeout), 3 s, and
+  one probe that a loaded machine answers late ejects nothing;
 - the request path reports ``refused`` (connection refused) and ``timeout`` (no first
   token, or a stalled stream) failures;
 - an ejection takes the replica out of routing (``PoolRuntime.set_replica_ejected``),
@@ -193,12 +195,15 @@ class ReplicaEjector:
         self, session: aiohttp.ClientSession, runtime: PoolRuntime, name: str, url: str
     ) -> None:
         timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
+        failure: FailureKind | None = None
         try:
             async with session.get(url.rstrip("/") + "/health", timeout=timeout) as resp:
-                healthy = resp.status < 500
+                failure = "health" if resp.status >= 500 else None
+        except aiohttp.ClientConnectorError:  # nothing listens: gone, not slow
+            failure = "refused"
         except (aiohttp.ClientError, TimeoutError, OSError):
-            healthy = False
-        if healthy:
+            failure = "health"
+        if failure is None:
             self.success(runtime, name)
         else:
-            self.failure(runtime, name, "health")
+            self.failure(runtime, name, failure)

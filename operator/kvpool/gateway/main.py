@@ -158,7 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-probe-timeout",
         type=float,
         default=1.0,
-        help="a replica whose /health does not answer within this is ejected (default 1)",
+        help="a replica whose /health does not answer within this twice in a row is ejected "
+        "(default 1)",
     )
     parser.add_argument(
         "--no-engine-priority",
