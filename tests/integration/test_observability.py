@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -67,7 +68,7 @@ from tests.support.processes import ManagedProcess
 from tests.support.prometheus import PrometheusServer, ScrapeTarget
 from tests.support.promql import metric_names
 from tests.support.redis_server import RedisServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import StopWaitingError, wait_until
 
 EMPTY = AdmissionConfig(namespace=NAMESPACE)  # stands in until the ConfigMap exists
 
@@ -394,29 +395,62 @@ def missing_data(prom: PrometheusServer, name: str, exprs: list[str]) -> list[st
     return problems
 
 
-def kill_engine_mid_request(engine: VllmEngine, gateway: str, key: str) -> list[int]:
-    """Three long generations through the gateway; the engine is killed while it runs them."""
-    answers: list[int] = []
+def send_long_chats(gateway: str, key: str, count: int) -> tuple[list[threading.Thread], list[Any]]:
+    """``count`` long generations through the gateway, each on its own thread; the list
+    fills with each one's (status, body), or (0, error) when the connection failed."""
+    answers: list[tuple[int, str]] = []
 
     def send() -> None:
-        answers.append(chat(gateway, key, max_tokens=480, ignore_eos=True, min_tokens=480)[0])
+        try:
+            answers.append(chat(gateway, key, max_tokens=480, ignore_eos=True, min_tokens=480))
+        except OSError as exc:  # the client's own timeout or a refused connection
+            answers.append((0, repr(exc)))
 
-    threads = [threading.Thread(target=send) for _ in range(3)]
+    threads = [threading.Thread(target=send) for _ in range(count)]
     for thread in threads:
         thread.start()
+    return threads, answers
+
+
+def kill_engine_mid_request(
+    engine: VllmEngine, gateway: str, key: str, gateway_log: Path
+) -> list[int]:
+    """Three long generations through the gateway; the engine is killed while it runs them.
+
+    A round the gateway answers 503 as a whole (say, both routes to the engine ejected for a
+    health probe that a loaded machine answered late) is sent again after the Retry-After,
+    as a client would; any other round in which no request reached the engine fails the
+    test with the answers and the gateway's log.
+    """
     running = re.compile(r"^vllm:num_requests_running\{[^}]*\} [1-9]", flags=re.MULTILINE)
-    try:
-        wait_until(
-            lambda: running.search(fetch(f"{engine.base_url}/metrics")),
-            30,
-            "requests running on the engine",
-            interval=0.01,
-        )
-    finally:
-        engine.process.kill()  # SIGKILL: on SIGTERM vLLM would finish the requests first
-        for thread in threads:
-            thread.join(timeout=60)
-    return answers
+    deadline = time.monotonic() + 90
+    while True:
+        threads, answers = send_long_chats(gateway, key, 3)
+
+        def engine_running(answers: list[Any] = answers) -> bool:
+            if len(answers) == 3:
+                raise StopWaitingError(f"every request answered before the engine ran: {answers}")
+            return running.search(fetch(f"{engine.base_url}/metrics")) is not None
+
+        try:
+            wait_until(
+                engine_running,
+                max(1.0, deadline - time.monotonic()),
+                "requests running on the engine",
+                interval=0.01,
+            )
+        except StopWaitingError:
+            if all(status == 503 for status, _ in answers) and time.monotonic() < deadline:
+                time.sleep(2)
+                continue
+            tail = gateway_log.read_text()[-4000:]
+            raise AssertionError(f"no request reached the engine: {answers}\n{tail}") from None
+        finally:
+            if len(answers) < len(threads):  # some are in flight: kill the engine under them
+                engine.process.kill()  # SIGKILL: on SIGTERM vLLM would finish them first
+            for thread in threads:
+                thread.join(timeout=60)
+        return [status for status, _ in answers]
 
 
 def test_every_dashboard_and_alert_expression_returns_data(
@@ -546,7 +580,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         problems = [p for name, exprs in now.items() for p in missing_data(prom, name, exprs)]
 
         # When the engine dies in the middle of a generation
-        answers = kill_engine_mid_request(engine, gateway, chat_key)
+        answers = kill_engine_mid_request(engine, gateway, chat_key, tmp_path / "gateway.log")
         if 502 not in answers:
             problems.append(f"the requests the engine died in answered {answers}, expected 502")
 
