@@ -88,8 +88,14 @@ def test_operator_plans_with_measured_capacity_and_keeps_it_when_prometheus_goes
             both = _engine(big.target, revision, "chat-a")["vllm"]
             both += _engine(small.target, revision, "chat-b")["vllm"]
             prom.set_targets({"vllm": both})
-            wait_until(lambda: _capacity(kube_api) == ("Measured", 1024, 921), timeout=60)
-            assert condition(status(kube_api), "Degraded") == ("True", "ReplicasDisagree")
+            # both at once: a late scrape can leave one engine's series stale for a moment
+            wait_until(
+                lambda: (
+                    _capacity(kube_api) == ("Measured", 1024, 921)
+                    and condition(status(kube_api), "Degraded") == ("True", "ReplicasDisagree")
+                ),
+                timeout=60,
+            )
             assert status(kube_api)["plan"]["liveSequencesPerReplica"] == 3
             assert "MeasurementChanged" in wait_until(lambda: events(kube_api))
 

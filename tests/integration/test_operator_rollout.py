@@ -114,7 +114,7 @@ def test_annotations_drive_a_rollout_and_a_revert_ends_it(
         wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
         wait_until(lambda: image(kube_api, "chat-canary") == NEWER)
         assert names(kube_api, "deployments", "apps/v1") == ["chat-canary", "chat-stable"]
-        assert "RolloutSuperseded" in events(kube_api)
+        wait_until(lambda: "RolloutSuperseded" in events(kube_api))  # posted after the status
 
         # When the spec goes back to the stable image: the rollout ends, canary removed
         set_image(kube_api, OLD)
@@ -270,6 +270,6 @@ def test_an_unschedulable_canary_pauses_instead_of_stalling(
         # Then the rollout pauses with CanaryUnschedulable after the timeout (no silent stall)
         wait_until(lambda: phase(kube_api) == ("Paused", "Starting", "CanaryUnschedulable"))
         assert "unschedulable" in rollout(kube_api)["message"]
-        assert "RolloutPaused" in events(kube_api)
+        wait_until(lambda: "RolloutPaused" in events(kube_api))  # posted after the status
         cond = next(c for c in status(kube_api)["conditions"] if c["type"] == "Progressing")
         assert (cond["status"], cond["reason"]) == ("False", "CanaryUnschedulable")

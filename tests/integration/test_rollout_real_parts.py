@@ -200,6 +200,8 @@ def test_half_kv_canary_pauses_at_once_and_batch_never_reaches_it(
             )
             wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
             new = rollout(kube_api)["canaryRevision"]
+            # the status is written before the config that carries the canary is published
+            wait_until(lambda: "canary" in tracks(kube_api), 30, "the canary track published")
             assert tracks(kube_api)["canary"]["weight"] == 0
             prom.set_targets(
                 {"vllm": [scrape(stable, first, "chat-stable-0"), scrape(canary, new, "c-0")]}

@@ -100,11 +100,11 @@ def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> 
     metrics = GatewayMetrics()
 
     async def scenario() -> None:
-        delays = [0.3, 0.0, 0.3, 0.0, 0.3]  # late (0.1 s timeout), on time, late, ...
+        delays = [0.6, 0.0, 0.6, 0.0, 0.6]  # late (0.25 s timeout), on time, late, ...
         runner, url = await health_server(delays)
         closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused
         runtimes = {"chat": runtime("chat", "late", "gone", urls={"late": url, "gone": closed})}
-        ejector = ReplicaEjector(metrics, lambda: runtimes, probe_interval=0.02, probe_timeout=0.1)
+        ejector = ReplicaEjector(metrics, lambda: runtimes, probe_interval=0.02, probe_timeout=0.25)
         ejector.start()
         try:
             deadline = time.monotonic() + 10
@@ -117,10 +117,10 @@ def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> 
             assert ejected(metrics, "chat", "gone") == 1
             assert ejections(metrics, "chat", "refused") >= 1
 
-            delays.extend([0.3, 0.3])  # two late answers in a row: hung
+            delays.extend([0.6, 0.6])  # two late answers in a row: hung
             while delays and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.2)  # the last late probe times out
+            await asyncio.sleep(0.4)  # the last late probe times out
             assert ejections(metrics, "chat", "health") == 1
             assert ("late", True) in runtimes["chat"].calls
         finally:
