@@ -48,8 +48,10 @@ class FakeEngine:
     status: int = 200  # non-200: answer this status with an error body
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # loop.time() each request came in
     cancelled: int = 0  # requests whose client went away before the answer ended
     metrics_text: str | None = None  # served on /metrics when set (else 404)
+    hold: asyncio.Event | None = None  # when set: no answer starts until the event is set
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -81,6 +83,7 @@ class FakeEngine:
             await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.arrivals.append(asyncio.get_running_loop().time())
         body = await request.json()
         self.received.append(body)
         self.headers.append(dict(request.headers))
@@ -90,6 +93,8 @@ class FakeEngine:
             )
         try:
             await asyncio.sleep(self.delay)
+            if self.hold is not None:
+                await self.hold.wait()
             chat = request.path.endswith("chat/completions")
             wanted = body.get("max_completion_tokens") if chat else None
             out = max(1, min(int(wanted or body.get("max_tokens") or 4), 64))
