@@ -525,6 +525,36 @@ async def test_plan_share_splits_the_plan_between_gateway_replicas(
     assert sorted(r.status for r in results) == [200, 503]
 
 
+async def test_plan_share_splits_a_tenants_max_concurrency_too(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    """A tenant's maxConcurrency is counted per gateway process like the plan: two gateways
+    at 50% each let it run 2 of its 4 at once, not 4 each (8 in all)."""
+    fake_engine.hold = asyncio.Event()
+    config = (
+        AdmissionConfigBuilder()
+        .tier("batch", floor=100, wait=0.2)
+        .pool("tiny", [fake_engine.url], slots_per_replica=64)
+        .tenant("acme", key="sk-acme", tiers=["batch"], max_concurrency=4)
+        .obj()
+    )
+    client, _ = await gateway_client(config, plan_share_percent=50)
+
+    sent = [
+        asyncio.create_task(
+            client.post("/v1/completions", json=completion(max_tokens=2), headers=ACME)
+        )
+        for _ in range(4)
+    ]
+    await wait_until_async(lambda: len(fake_engine.received) == 2, 5, "two at the engine")
+    # the other two wait out the tier's 0.2 s queue wait and are turned away
+    await wait_until_async(lambda: sum(t.done() for t in sent) == 2, 5, "two turned away")
+    fake_engine.hold.set()
+    results = await asyncio.gather(*sent)
+    assert len(fake_engine.received) == 2
+    assert sorted(r.status for r in results) == [200, 200, 503, 503]
+
+
 async def test_session_pool_reuses_connections(
     fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:

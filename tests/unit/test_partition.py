@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvpool.api.admission_config import CompiledPool
-from kvpool.domain.partition import partition_pool
-from tests.builders import CompiledPoolBuilder
+from kvpool.domain.partition import partition_pool, partition_tenant
+from tests.builders import CompiledPoolBuilder, compiled_tenant
 
 
 def demo_pool() -> CompiledPool:
@@ -71,3 +71,37 @@ def test_shares_of_all_gateways_fit_in_the_plan(
         assert tier.lendable_tokens <= tier.floor_tokens
     assert share.shared_tokens >= 0
     assert share.shared_slots >= 0
+
+
+# (maxConcurrency, share percent) -> what one gateway replica enforces
+TENANT_CASES = {
+    "no-limit-stays-none": (None, 50, None),
+    "full-share-is-the-limit": (10, 100, 10),
+    "half-of-ten": (10, 50, 5),
+    "a-third-floored": (10, 33, 3),
+    "never-below-one-request": (1, 25, 1),
+    "two-over-three-gateways": (2, 33, 1),
+}
+
+
+@pytest.mark.parametrize(
+    ("limit", "share", "expected"), list(TENANT_CASES.values()), ids=list(TENANT_CASES)
+)
+def test_each_gateway_enforces_its_share_of_a_tenants_concurrency(
+    limit: int | None, share: int, expected: int | None
+) -> None:
+    tenant = compiled_tenant("acme", ["batch"], max_concurrency=limit)
+    assert partition_tenant(tenant, share).max_concurrency == expected
+
+
+@given(
+    gateways=st.integers(min_value=1, max_value=8),
+    limit=st.integers(min_value=1, max_value=10_000),
+)
+def test_tenant_shares_of_all_gateways_stay_within_its_limit(gateways: int, limit: int) -> None:
+    """N gateways at 100/N % never let a tenant run more than its maxConcurrency in all,
+    unless it is below N (one request through each gateway)."""
+    tenant = compiled_tenant("acme", ["batch"], max_concurrency=limit)
+    each = partition_tenant(tenant, 100 // gateways).max_concurrency
+    assert each is not None and each >= 1
+    assert each * gateways <= max(limit, gateways)

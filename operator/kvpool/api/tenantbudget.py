@@ -108,7 +108,13 @@ class TenantBudgetSpec(ApiModel):
         },
     )
     max_concurrency: int | None = Field(
-        default=None, ge=1, description="Most requests of this tenant in flight at once."
+        default=None,
+        ge=1,
+        description=(
+            "Most requests of this tenant in flight at once in each pool (and, during a "
+            "rollout, on each of its tracks). With N gateway replicas each one enforces "
+            "its plan share (--plan-share, 100/N percent) of it, at least 1."
+        ),
     )
     weight: int = Field(
         default=1,

@@ -12,11 +12,15 @@ the Service spreads connections evenly, which is what makes equal shares reasona
 Worked example: a plan of 1,843 tokens / 8 slots per replica with an interactive floor of
 1,197 tokens / 5 slots, at a 50% share, becomes 921 tokens / 4 slots per replica and an
 interactive floor of 598 tokens / 2 slots in each of two gateways.
+
+A tenant's ``maxConcurrency`` is counted in the same per-process state, so it is split
+the same way (floored, but never below one request: a tenant allowed fewer requests than
+there are gateway replicas can have one in flight through each).
 """
 
 from __future__ import annotations
 
-from kvpool.api.admission_config import CompiledPool, TierAllocation
+from kvpool.api.admission_config import CompiledPool, CompiledTenant, TierAllocation
 
 
 def _share(value: int, percent: int) -> int:
@@ -60,3 +64,17 @@ def partition_pool(pool: CompiledPool, share_percent: int) -> CompiledPool:
             "shared_slots": total_slots - sum(t.floor_slots for t in tiers.values()),
         }
     )
+
+
+def partition_tenant(tenant: CompiledTenant, share_percent: int) -> CompiledTenant:
+    """``tenant`` with the part of its ``max_concurrency`` one gateway replica enforces.
+
+    >>> from kvpool.api.admission_config import CompiledTenant
+    >>> # see tests/unit/test_partition.py for tables of cases
+    """
+    if not 1 <= share_percent <= 100:
+        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+    if share_percent == 100 or tenant.max_concurrency is None:
+        return tenant
+    limit = max(1, _share(tenant.max_concurrency, share_percent))
+    return tenant.model_copy(update={"max_concurrency": limit})

@@ -75,6 +75,7 @@ from kvpool.domain.estimate import (
     PromptSize,
     decide_estimate,
 )
+from kvpool.domain.partition import partition_tenant
 from kvpool.domain.routing import NoTrack, decide_track
 from kvpool.gateway.body import BodyWorker
 from kvpool.gateway.errors import AUTHENTICATION, NOT_FOUND, OVERLOADED, GatewayError
@@ -114,11 +115,11 @@ class ConfigIndex:
     policies: dict[str, CompiledTierPolicy]  # name -> policy
 
     @classmethod
-    def build(cls, config: AdmissionConfig) -> ConfigIndex:
-        """Index a config."""
+    def build(cls, config: AdmissionConfig, plan_share_percent: int = 100) -> ConfigIndex:
+        """Index a config; tenants carry this replica's share of their ``maxConcurrency``."""
         return cls(
             config=config,
-            tenants={t.key_sha256: t for t in config.tenants},
+            tenants={t.key_sha256: partition_tenant(t, plan_share_percent) for t in config.tenants},
             pools={p.served_name: p for p in config.pools},
             policies={p.name: p for p in config.tier_policies},
         )
@@ -168,7 +169,7 @@ class RequestPipeline:
         self.tokenizers = tokenizers
         self.body = BodyWorker(tokenizers)
         self.wall_clock = wall_clock
-        self.index = ConfigIndex.build(config)
+        self.index = ConfigIndex.build(config, settings.plan_share_percent)
         self.runtimes: dict[str, PoolRuntime] = {}
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"

@@ -170,7 +170,7 @@ class Gateway(RequestPipeline):
 
     def apply_config(self, config: AdmissionConfig) -> None:
         """Swap in a new config; in-flight requests keep theirs and their reservations."""
-        index = ConfigIndex.build(config)
+        index = ConfigIndex.build(config, self.settings.plan_share_percent)
         self.index = index
         if self._started:
             self._sync_runtimes(index)
