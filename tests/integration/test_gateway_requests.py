@@ -555,6 +555,23 @@ async def test_plan_share_splits_a_tenants_max_concurrency_too(
     assert sorted(r.status for r in results) == [200, 200, 503, 503]
 
 
+async def test_gateway_replicas_share_the_engines_poll_budget(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    """vLLM renders its whole /metrics on the loop that relays its tokens, so N gateway
+    replicas (a 100/N plan share) each poll an engine every N x --engine-poll-seconds: the
+    engine is polled at that rate in all, not N times as often."""
+    fake_engine.metrics_text = _vllm_metrics(0.1, 0)
+    await gateway_client(
+        standard_admission_config([fake_engine.url]).obj(),
+        plan_share_percent=25,  # one of four gateway replicas
+        engine_poll_seconds=0.05,  # all four together: every 50 ms; this one every 200 ms
+    )
+    await wait_until_async(lambda: len(fake_engine.metrics_polls) >= 4, 10, "four polls")
+    first, fourth = fake_engine.metrics_polls[0], fake_engine.metrics_polls[3]
+    assert fourth - first >= 3 * 0.2 * 0.9, f"polled every {(fourth - first) / 3:.3f}s"
+
+
 async def test_session_pool_reuses_connections(
     fake_engine: FakeEngine, gateway_client: GatewayClientFactory
 ) -> None:

@@ -49,6 +49,7 @@ class FakeEngine:
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)  # loop.time() each request came in
+    metrics_polls: list[float] = field(default_factory=list)  # loop.time() of each /metrics
     cancelled: int = 0  # requests whose client went away before the answer ended
     metrics_text: str | None = None  # served on /metrics when set (else 404)
     hold: asyncio.Event | None = None  # when set: no answer starts until the event is set
@@ -63,6 +64,7 @@ class FakeEngine:
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics_polls.append(asyncio.get_running_loop().time())
         if self.metrics_text is None:
             raise web.HTTPNotFound()
         return web.Response(text=self.metrics_text, content_type="text/plain")

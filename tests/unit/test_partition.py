@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvpool.api.admission_config import CompiledPool
-from kvpool.domain.partition import partition_pool, partition_tenant
+from kvpool.domain.partition import partition_poll_period, partition_pool, partition_tenant
 from tests.builders import CompiledPoolBuilder, compiled_tenant
 
 
@@ -105,3 +105,14 @@ def test_tenant_shares_of_all_gateways_stay_within_its_limit(gateways: int, limi
     each = partition_tenant(tenant, 100 // gateways).max_concurrency
     assert each is not None and each >= 1
     assert each * gateways <= max(limit, gateways)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "share", "expected"),
+    [(0.25, 100, 0.25), (0.25, 50, 0.5), (0.25, 25, 1.0), (1.0, 10, 10.0)],
+    ids=["one-gateway", "two", "four", "ten"],
+)
+def test_each_gateway_polls_the_engines_its_share_of_the_time(
+    seconds: float, share: int, expected: float
+) -> None:
+    assert partition_poll_period(seconds, share) == pytest.approx(expected)

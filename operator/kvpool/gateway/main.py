@@ -178,7 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-poll-seconds",
         type=float,
         default=0.25,
-        help="seconds between polls of each replica's /metrics (0: never poll)",
+        help="seconds between polls of each engine's /metrics by all gateway replicas "
+        "together: with --plan-share 100/N each polls every N times this (0: never poll)",
     )
     parser.add_argument(
         "--borrow-pause-usage",

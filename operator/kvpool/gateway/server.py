@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig, CompiledPool, CompiledTier
 from kvpool.domain.admission.adaptation import PoolAdaptation
-from kvpool.domain.partition import partition_pool
+from kvpool.domain.partition import partition_poll_period, partition_pool
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.loop_lag import watch_loop_lag
@@ -81,7 +82,7 @@ class GatewaySettings:
     metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
     learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
-    engine_poll_seconds: float = 0.25  # poll each replica's /metrics (0: never)
+    engine_poll_seconds: float = 0.25  # all gateways together poll each engine this often
     borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
 
 
@@ -250,9 +251,17 @@ class Gateway(RequestPipeline):
                 self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
 
     async def _watch_engines(self) -> None:
-        """Poll every replica's /metrics; correct admission with what the engines report."""
+        """Poll every replica's /metrics; correct admission with what the engines report.
+
+        Each of N gateway replicas polls every N x ``engine_poll_seconds`` (the engines'
+        poll budget is shared like the plan), from a random phase so that replicas started
+        together do not poll in step."""
+        period = partition_poll_period(
+            self.settings.engine_poll_seconds, self.settings.plan_share_percent
+        )
+        await asyncio.sleep(random.uniform(0, period))
         while True:
-            await asyncio.sleep(self.settings.engine_poll_seconds)
+            await asyncio.sleep(period)
             for name in list(self.runtimes):
                 try:
                     await self._poll_pool(name)
