@@ -102,6 +102,42 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         "/v1/chat/completions",
         _chat(stream=True, max_tokens=None),
     ),
+    # what clients send besides: sampling options, several choices, both output bounds
+    "chat-n-2": ("/v1/chat/completions", _chat(n=2, max_tokens=4)),
+    "chat-max-tokens-and-max-completion-tokens": (
+        "/v1/chat/completions",
+        _chat(max_tokens=2, max_completion_tokens=6, ignore_eos=True),
+    ),
+    "chat-multi-turn-non-ascii": (
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "system", "content": "Réponds en français, s'il te plaît."},
+                {"role": "user", "content": "Grüße! 你好 🙂"},
+                {"role": "assistant", "content": "Bonjour."},
+                {"role": "user", "content": "Encore ?"},
+            ],
+            "max_tokens": 4,
+        },
+    ),
+    "min-tokens-over-max-tokens": (
+        "/v1/completions",
+        _completion("a b", max_tokens=2, min_tokens=5),
+    ),
+    "echo-and-logprobs": (
+        "/v1/completions",
+        _completion("a b c", max_tokens=3, echo=True, logprobs=2),
+    ),
+    "empty-prompt": ("/v1/completions", _completion("", max_tokens=2)),
+    "stream-without-usage": (
+        "/v1/completions",
+        _completion("a b", max_tokens=3, stream=True, stream_options={"include_usage": False}),
+    ),
+    "seed-temperature-top-p": (
+        "/v1/completions",
+        _completion("a b", max_tokens=3, seed=11, temperature=0.7, top_p=0.9),
+    ),
 }
 
 
