@@ -33,14 +33,18 @@ def _share(value: int, percent: int) -> int:
     return value * percent // 100
 
 
+def _check_share(share_percent: int) -> None:
+    if not 1 <= share_percent <= 100:
+        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+
+
 def partition_pool(pool: CompiledPool, share_percent: int) -> CompiledPool:
     """The part of ``pool``'s plan one gateway replica may admit against.
 
     >>> from kvpool.api.admission_config import CompiledPool
     >>> # see tests/unit/test_partition.py for tables of cases
     """
-    if not 1 <= share_percent <= 100:
-        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+    _check_share(share_percent)
     if share_percent == 100:
         return pool
     tiers = {
@@ -73,13 +77,9 @@ def partition_pool(pool: CompiledPool, share_percent: int) -> CompiledPool:
 
 
 def partition_tenant(tenant: CompiledTenant, share_percent: int) -> CompiledTenant:
-    """``tenant`` with the part of its ``max_concurrency`` one gateway replica enforces.
-
-    >>> from kvpool.api.admission_config import CompiledTenant
-    >>> # see tests/unit/test_partition.py for tables of cases
-    """
-    if not 1 <= share_percent <= 100:
-        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+    """``tenant`` with the part of its ``max_concurrency`` one gateway replica enforces
+    (tests/unit/test_partition.py has the table of cases)."""
+    _check_share(share_percent)
     if share_percent == 100 or tenant.max_concurrency is None:
         return tenant
     limit = max(1, _share(tenant.max_concurrency, share_percent))
@@ -93,6 +93,5 @@ def partition_poll_period(seconds: float, share_percent: int) -> float:
     >>> partition_poll_period(0.25, 100), partition_poll_period(0.25, 25)
     (0.25, 1.0)
     """
-    if not 1 <= share_percent <= 100:
-        raise ValueError(f"share must be 1-100 percent, got {share_percent}")
+    _check_share(share_percent)
     return seconds * 100 / share_percent
