@@ -53,6 +53,7 @@ class FakeEngine:
     cancelled: int = 0  # requests whose client went away before the answer ended
     metrics_text: str | None = None  # served on /metrics when set (else 404)
     hold: asyncio.Event | None = None  # when set: no answer starts until the event is set
+    health_delays: list[float] = field(default_factory=list)  # /health waits the next of these
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -61,7 +62,13 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
         return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.health_delays:  # a scripted late answer (then on time)
+            await asyncio.sleep(self.health_delays.pop(0))
+        return web.Response(text="")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.metrics_polls.append(asyncio.get_running_loop().time())

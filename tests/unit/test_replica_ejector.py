@@ -15,10 +15,9 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from aiohttp import web
-
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.metrics import GatewayMetrics
+from tests.support.gateway import FakeEngine
 from tests.support.ports import free_port
 
 
@@ -79,31 +78,15 @@ def ejections(metrics: GatewayMetrics, pool: str, reason: str) -> float:
     return metrics.registry.get_sample_value("kvpool_gateway_ejections_total", labels) or 0.0
 
 
-async def health_server(delays: list[float]) -> tuple[web.AppRunner, str]:
-    """An engine whose ``/health`` answers after the next of ``delays`` (then at once)."""
-
-    async def health(_: web.Request) -> web.Response:
-        if delays:
-            await asyncio.sleep(delays.pop(0))
-        return web.Response(text="")
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
-
-
 def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> None:
     metrics = GatewayMetrics()
 
     async def scenario() -> None:
         delays = [0.6, 0.0, 0.6, 0.0, 0.6]  # late (0.25 s timeout), on time, late, ...
-        runner, url = await health_server(delays)
+        engine = await FakeEngine(health_delays=delays).start()
         closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused
-        runtimes = {"chat": runtime("chat", "late", "gone", urls={"late": url, "gone": closed})}
+        urls = {"late": engine.url, "gone": closed}
+        runtimes = {"chat": runtime("chat", "late", "gone", urls=urls)}
         ejector = ReplicaEjector(metrics, lambda: runtimes, probe_interval=0.02, probe_timeout=0.25)
         ejector.start()
         try:
@@ -125,6 +108,6 @@ def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> 
             assert ("late", True) in runtimes["chat"].calls
         finally:
             await ejector.stop()
-            await runner.cleanup()
+            await engine.stop()
 
     asyncio.run(scenario())
