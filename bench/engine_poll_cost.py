@@ -50,7 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.tiny_model import tiny_model_dir
 
-from benchkit import bootstrap_ratio_interval, machine_info, percentile, write_results
+from benchkit import (
+    bootstrap_ratio_interval,
+    machine_info,
+    percentile,
+    words_text,
+    write_results,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_poll_cost.json"
 POLL_SECONDS = 0.25
@@ -61,10 +67,6 @@ SCENARIOS = {  # name -> (pollers, seconds between one poller's polls)
     "poll-4-shared": (4, 4 * POLL_SECONDS),
 }
 WORDS = ("the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "he", "was", "for")
-
-
-def prompt(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 async def render_times(session: aiohttp.ClientSession, url: str, count: int) -> dict[str, Any]:
@@ -98,8 +100,14 @@ async def batch_worker(
 ) -> int:
     tokens = 0
     while not stop.is_set():
-        body = {"model": "tiny", "prompt": prompt(rng, 100), "max_tokens": 64, "priority": 10}
-        body |= {"ignore_eos": True}
+        text = words_text(rng, 100, WORDS)
+        body = {
+            "model": "tiny",
+            "prompt": text,
+            "max_tokens": 64,
+            "ignore_eos": True,
+            "priority": 10,
+        }
         async with session.post(f"{base}/v1/completions", json=body) as resp:
             answer = await resp.json()
         tokens += int(answer.get("usage", {}).get("completion_tokens", 0))
@@ -151,7 +159,8 @@ async def scenario(
         chats: list[asyncio.Task[float | None]] = []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            chats.append(asyncio.create_task(chat_once(session, engine.base_url, prompt(rng, 12))))
+            text = words_text(rng, 12, WORDS)
+            chats.append(asyncio.create_task(chat_once(session, engine.base_url, text)))
             await asyncio.sleep(rng.expovariate(args.rate))
         started = time.monotonic()
         ttfts = [t for t in await asyncio.gather(*chats) if t is not None]
