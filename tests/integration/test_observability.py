@@ -395,7 +395,9 @@ def missing_data(prom: PrometheusServer, name: str, exprs: list[str]) -> list[st
     return problems
 
 
-def send_long_chats(gateway: str, key: str, count: int) -> tuple[list[threading.Thread], list[Any]]:
+def send_long_chats(
+    gateway: str, key: str, count: int
+) -> tuple[list[threading.Thread], list[tuple[int, str]]]:
     """``count`` long generations through the gateway, each on its own thread; the list
     fills with each one's (status, body), or (0, error) when the connection failed."""
     answers: list[tuple[int, str]] = []
@@ -427,7 +429,7 @@ def kill_engine_mid_request(
     while True:
         threads, answers = send_long_chats(gateway, key, 3)
 
-        def engine_running(answers: list[Any] = answers) -> bool:
+        def engine_running(answers: list[tuple[int, str]] = answers) -> bool:
             if len(answers) == 3:
                 raise StopWaitingError(f"every request answered before the engine ran: {answers}")
             return running.search(fetch(f"{engine.base_url}/metrics")) is not None
