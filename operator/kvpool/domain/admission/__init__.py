@@ -6,11 +6,17 @@ part of kvpool; it is split so each piece can be read alone:
 - :mod:`.amount`: ``Amount(tokens, slots)``, the two dimensions everything is counted in;
 - :mod:`.verdicts`: requests, verdicts (``Admit | Queue | Reject``, each with a reason),
   wake-ups and snapshots;
-- :mod:`.ledger`: the controller's mutable per-tier / per-replica accounting;
+- :mod:`.ledger`: the records admission keeps per tier, replica, reservation and waiter;
+- :mod:`.state`: what one pool has reserved and what waits, and the commit/uncommit of a
+  reservation;
 - :mod:`.fair_queue`: the waiting requests - per tier, per tenant FIFO, the fair pick
   (lowest in-use / weight), deadlines;
-- :mod:`.controller`: ``AdmissionController`` - floors, borrowing by priority, deadlines,
-  starvation freedom, lent limits and the borrowing pause;
+- :mod:`.feasibility`: whether a state fits the plan (floors, shared, lending), who lends;
+- :mod:`.dispatch`: which waiting requests start, by priority, floors and fairness;
+- :mod:`.wait_estimate`: the expected wait and the fast rejection past ``maxQueueWait``;
+- :mod:`.holds`: prefill holds of tiers with a ``ttftP95Target``;
+- :mod:`.lending`: the borrowing pause and the lent limits;
+- :mod:`.controller`: ``AdmissionController`` - the one object the gateway talks to;
 - :mod:`.learning`: the learned output reservation and the adaptive overcommit ratio;
 - :mod:`.limiter`: the TTFT limiter that throttles what is lent to lower tiers.
 
@@ -18,7 +24,7 @@ Everything public is re-exported here: ``from kvpool.domain.admission import ...
 """
 
 from kvpool.domain.admission.amount import ZERO, Amount
-from kvpool.domain.admission.controller import EWMA_ALPHA, AdmissionController
+from kvpool.domain.admission.controller import AdmissionController
 from kvpool.domain.admission.verdicts import (
     OUTCOMES,
     REASON_DEADLINE_PASSED,
@@ -41,6 +47,7 @@ from kvpool.domain.admission.verdicts import (
     Wakeups,
     build_admission_request,
 )
+from kvpool.domain.admission.wait_estimate import EWMA_ALPHA
 
 __all__ = [
     "EWMA_ALPHA",

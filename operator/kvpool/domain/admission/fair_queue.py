@@ -3,8 +3,8 @@
 Why this module exists: the order in which waiting requests start is the fairness promise
 of a tier - the waiting tenant with the lowest ``in-use tokens / weight`` goes next (FIFO
 within a tenant; a tenant at its ``max_concurrency`` is skipped) - and the deadlines are
-its latency promise. Keeping the queue apart from the capacity accounting
-(:mod:`.controller`) lets each be read alone. Removal is lazy (a dead entry is skipped in
+its latency promise. Keeping the queue apart from the capacity accounting (:mod:`.state`,
+:mod:`.feasibility`) lets each be read alone. Removal is lazy (a dead entry is skipped in
 its deque and in the deadline heap), so every operation is O(tenants of a tier) at most.
 """
 
@@ -14,14 +14,14 @@ import heapq
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from kvpool.domain.admission.ledger import _TierState, _Waiting
+from kvpool.domain.admission.ledger import TierState, Waiting
 
 
 class FairQueue:
     """Waiting requests of every tier of a pool (see the module docstring)."""
 
     def __init__(self, tenant_inflight: dict[str, int]) -> None:
-        self._waiting: dict[str, _Waiting] = {}
+        self._waiting: dict[str, Waiting] = {}
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = 0
         self._inflight = tenant_inflight  # shared with the controller: tenant -> admitted
@@ -35,11 +35,11 @@ class FairQueue:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
-    def get(self, request_id: str) -> _Waiting | None:
+    def get(self, request_id: str) -> Waiting | None:
         """The waiting entry of an id, if queued."""
         return self._waiting.get(request_id)
 
-    def values(self) -> list[_Waiting]:
+    def values(self) -> list[Waiting]:
         """Every waiting entry (a copy: safe to unqueue while iterating)."""
         return list(self._waiting.values())
 
@@ -48,7 +48,7 @@ class FairQueue:
         self._seq += 1
         return self._seq
 
-    def enqueue(self, waiting: _Waiting) -> None:
+    def enqueue(self, waiting: Waiting) -> None:
         """Add a request behind its tenant's queue in its tier."""
         req, tier = waiting.request, waiting.tier
         self._waiting[req.request_id] = waiting
@@ -58,7 +58,7 @@ class FairQueue:
         heapq.heappush(self._deadlines, (waiting.deadline, waiting.seq, req.request_id))
         tier.head_valid = False
 
-    def unqueue(self, waiting: _Waiting) -> None:
+    def unqueue(self, waiting: Waiting) -> None:
         """Remove a waiting request (lazy in its deque and in the deadline heap)."""
         if not waiting.alive:
             return
@@ -75,7 +75,7 @@ class FairQueue:
                 del tier.queues[req.tenant]
         tier.head_valid = False
 
-    def head(self, tier: _TierState) -> _Waiting | None:
+    def head(self, tier: TierState) -> Waiting | None:
         """The tier's next request: the waiting tenant with the lowest in-use/weight.
 
         Invariant kept by :meth:`unqueue`: the front of every tenant deque is alive. The
@@ -83,7 +83,7 @@ class FairQueue:
         """
         if tier.head_valid:
             return tier.head
-        best: _Waiting | None = None
+        best: Waiting | None = None
         best_usage = 0.0
         inflight = self._inflight
         usage_of = tier.tenant_tokens
@@ -100,7 +100,7 @@ class FairQueue:
         return best
 
     @staticmethod
-    def touch(tier: _TierState, tenant: str, order: Sequence[_TierState]) -> None:
+    def touch(tier: TierState, tenant: str, order: Sequence[TierState]) -> None:
         """Invalidate cached picks after ``tenant``'s use in ``tier`` or its queue changed.
 
         The tier's pick depends on its queues and tenant usage; other tiers' picks depend
@@ -111,7 +111,7 @@ class FairQueue:
             if tenant in other.queues:
                 other.head_valid = False
 
-    def expired(self, now: float) -> Iterator[_Waiting]:
+    def expired(self, now: float) -> Iterator[Waiting]:
         """Pop the live requests whose deadline is <= ``now`` (the caller unqueues them)."""
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, rid = heapq.heappop(self._deadlines)

@@ -1,8 +1,10 @@
-"""The controller's mutable accounting: per tier, per replica, per reservation and waiter.
+"""The records admission keeps: per tier, per replica, per reservation and per waiter.
 
-Why this module exists: these records are what the admission controller
-(:mod:`kvpool.domain.admission.controller`) mutates; keeping them apart keeps the decision
-code readable. Internal to the package (names start with an underscore).
+Why this module exists: these are the plain records the pool's state
+(:mod:`.state`) holds and every decision module reads - the dispatcher, feasibility, the
+wait estimate, prefill holds, the fair queue. They carry accounting, not decisions (the
+one method with arithmetic, :meth:`ReplicaState.load`, is the view routing needs); keeping
+them in one module lets each decision module import them without importing another.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from kvpool.domain.admission.verdicts import AdmissionRequest
 from kvpool.domain.routing import ReplicaLoad
 
 
-class _TierState:
-    """Mutable per-tier accounting (internal)."""
+class TierState:
+    """Mutable per-tier accounting of one pool."""
 
     __slots__ = (
         "engine_priority",
@@ -51,9 +53,9 @@ class _TierState:
         self.used = ZERO  # reserved by the tier's requests in flight
         self.queued = ZERO  # what its waiting requests need
         self.queued_count = 0
-        self.queues: dict[str, deque[_Waiting]] = {}
+        self.queues: dict[str, deque[Waiting]] = {}
         self.tenant_tokens: dict[str, int] = {}
-        self.head: _Waiting | None = None  # cached fairness pick (see _head)
+        self.head: Waiting | None = None  # cached fairness pick (FairQueue.head)
         self.head_valid = False
 
     def configure(self, tier: CompiledTier, pool: CompiledPool) -> None:
@@ -78,7 +80,7 @@ class _TierState:
 
 
 @dataclass
-class _Replica:
+class ReplicaState:
     """Reservations on one replica; also a :class:`ReplicaView` for :func:`decide_replica`."""
 
     name: str
@@ -91,23 +93,10 @@ class _Replica:
     by_rank: dict[int, list[int]] = field(default_factory=dict)  # rank -> [tokens, slots]
     preemptible_tokens: int = 0  # always 0 here; see load() for the Preempt view
     preemptible_slots: int = 0
-    # prefill holds: request id -> (its tier's rank, until when); lower ranks wait meanwhile
+    # prefill holds (kept by :mod:`.holds`): request id -> (its tier's rank, until when);
+    # lower ranks wait meanwhile
     holds: dict[str, tuple[int, float]] = field(default_factory=dict)
     held_since: float | None = None  # lower tiers were last let through (or first held) then
-
-    def held_for(self, rank: int, now: float, longest: float) -> bool:
-        """Whether a request of ``rank`` must not start here now: a request of a higher
-        tier is in its prefill. Holds chained back to back never keep lower tiers off
-        longer than ``longest`` (the longest hold) at a time."""
-        if not any(r < rank for r, _ in self.holds.values()):
-            return False
-        gate = self.hold_gate(longest)
-        return gate is None or now < gate
-
-    def hold_gate(self, longest: float) -> float | None:
-        """When the chain of holds on this replica lets lower tiers through (None: no
-        chain is running)."""
-        return None if self.held_since is None else self.held_since + longest
 
     @property
     def ready(self) -> bool:
@@ -145,20 +134,24 @@ class _Replica:
 
 
 @dataclass
-class _Reservation:
+class Reservation:
+    """One admitted request: what it holds, where, since when."""
+
     request: AdmissionRequest
-    tier: _TierState
+    tier: TierState
     amount: Amount  # what it holds: its whole need inside its floor, else borrow_tokens
     admitted_at: float
-    replica: _Replica | None
+    replica: ReplicaState | None
     rank: int  # rank at admission (replica per-rank accounting)
     borrowed: bool = False  # started on borrowed capacity (counts against lent limits)
 
 
 @dataclass
-class _Waiting:
+class Waiting:
+    """One queued request (``alive`` False once unqueued: removal is lazy)."""
+
     request: AdmissionRequest
-    tier: _TierState
+    tier: TierState
     arrived_at: float
     deadline: float
     seq: int
@@ -166,7 +159,7 @@ class _Waiting:
 
 
 @dataclass(frozen=True)
-class _Position:
+class Position:
     """How far a hypothetical state is from feasible (<= 0: feasible), per dimension."""
 
     deficit: Amount
