@@ -40,6 +40,10 @@ class InvalidCase:
     reason: str  # the finding's reason (its start, when it goes on)
     server_rejects: bool = True  # False: a rule across objects or beyond CEL (an API
     # server accepts the object; kvpool validate and the operator refuse it)
+    # where an API server says it, when kvpool says it more precisely (a CEL rule over a
+    # whole list names the values; kvpool names each entry at fault by its index)
+    server_path: str | None = None
+    server_reason: str | None = None
 
 
 def _policy_rule_unknown_tier() -> dict[str, Any]:
@@ -58,14 +62,17 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         "TierPolicy",
         tierpolicy_manifest().tier("interactive", floor=60).tier("batch", floor=50).dict(),
         "spec.tiers",
-        "the floors of all tiers (floorPercent) must sum to at most 100",
+        "the floors of all tiers (floorPercent) must sum to at most 100, not 110",
     ),
     InvalidCase(
         "policy-rule-names-unknown-tier",
         "TierPolicy",
         _policy_rule_unknown_tier(),
-        "spec.classification",
-        "every classification rule must name a tier defined in spec.tiers",
+        "spec.classification[0].tier",
+        "tier 'gold' is not in spec.tiers (tiers: batch, eval, interactive)",
+        server_path="spec.classification",
+        server_reason="every classification rule must name a tier defined in spec.tiers "
+        "(interactive, batch, eval); not defined: gold",
     ),
     InvalidCase(
         "policy-negative-floor",
@@ -102,7 +109,7 @@ INVALID_CASES: tuple[InvalidCase, ...] = (
         "ModelPool",
         baseline_pool().lengths((100, 50), (50, 100)).dict(),
         "spec.workload.promptTokens.p95",
-        "p95 must be greater than or equal to mean",
+        "p95 (50) must be greater than or equal to mean (100)",
     ),
     InvalidCase(
         "budget-names-unknown-tier",

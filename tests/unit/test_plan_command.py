@@ -104,6 +104,61 @@ def test_cli_refuses_invalid_manifests(tmp_path: Path, capsys: pytest.CaptureFix
     assert "no plan" in err
 
 
+def test_json_output_is_a_document_even_when_validation_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = modelpool_manifest("orphan").policy("missing").dict()
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(broken))
+
+    code = main(["plan", "-f", str(tmp_path), "-o", "json"])
+
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert (report["formatVersion"], report["ok"], report["pools"]) == (1, False, [])
+    (problem,) = report["problems"]
+    assert (problem["kind"], problem["name"], problem["path"]) == (
+        "ModelPool",
+        "orphan",
+        "spec.tierPolicyRef.name",
+    )
+    assert problem["line"].startswith(f"{tmp_path / 'pool.yaml'}: ModelPool/orphan: ")
+
+
+def test_an_unplannable_pool_has_the_same_keys_with_null_figures() -> None:
+    policy = standard_tierpolicy_manifest().obj()
+    planned = build_plan_report([modelpool_manifest("a").obj()], [policy], 200_000)
+    unplanned = build_plan_report([modelpool_manifest("b").obj()], [policy], None)
+
+    (ok,) = planned["pools"]
+    (failed,) = unplanned["pools"]
+    assert set(failed) == set(ok)
+    figures = {k for k, v in ok.items() if isinstance(v, int) and not isinstance(v, bool)}
+    assert figures and all(failed[k] is None for k in figures)
+    assert (unplanned["ok"], planned["ok"]) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("strict", "expected"),
+    [pytest.param(False, 0, id="lenient"), pytest.param(True, 1, id="strict")],
+)
+def test_strict_fails_on_a_capacity_short_tier(
+    strict: bool, expected: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    short = modelpool_manifest("tight").replicas(1, 2).peak(interactive=500).dict()
+    (tmp_path / "set.yaml").write_text(
+        yaml.safe_dump_all([standard_tierpolicy_manifest().dict(), short])
+    )
+    argv = ["plan", "-f", str(tmp_path), "--kv-tokens-per-replica", "200000", "-o", "json"]
+
+    code = main(argv + (["--strict"] if strict else []))
+
+    out, err = capsys.readouterr()
+    assert code == expected, err
+    assert json.loads(out)["pools"][0]["capacityShort"] is True
+    if strict:
+        assert "--strict: capacity-short: default/tight" in err
+
+
 def test_cli_rejects_a_non_positive_override(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "-f", str(EXAMPLES), "--kv-tokens-per-replica", "0"]) == 2
     assert "positive" in capsys.readouterr().err

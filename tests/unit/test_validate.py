@@ -21,6 +21,7 @@ import yaml
 
 from kvpool.api.crd import build_crds
 from kvpool.api.validation import Document, assess_rule, validate_documents
+from kvpool.api.validation.rules import rule_message
 from kvpool.cli import main
 from kvpool.commands.manifests import load_and_validate
 from tests.builders import (
@@ -195,7 +196,7 @@ REJECTED = {
         _set("policy", "spec.tiers.2.floorPercent", 30),
         POLICY,
         "spec.tiers",
-        "floors of all tiers (floorPercent) must sum to at most 100",
+        "must sum to at most 100, not 110 (interactive 50, batch 30, eval 30)",
     ),
     "floor-over-100-percent": Case(
         _set("policy", "spec.tiers.1.floorPercent", 101),
@@ -206,14 +207,18 @@ REJECTED = {
     "duplicate-tier-names": Case(
         _set("policy", "spec.tiers.2.name", "batch"),
         POLICY,
-        "spec.tiers",
-        "tier names must be unique",
+        "spec.tiers[2].name",
+        "tier name 'batch' is also the name of spec.tiers[1]; tier names must be unique",
     ),
     "classification-unknown-tier": Case(
-        _set("policy", "spec.classification", [{"pathPrefix": "/v1", "tier": "gold"}]),
+        _set(
+            "policy",
+            "spec.classification",
+            [{"pathPrefix": "/v1", "tier": "batch"}, {"host": "h", "tier": "gold"}],
+        ),
         POLICY,
-        "spec.classification",
-        "must name a tier defined in spec.tiers",
+        "spec.classification[1].tier",
+        "tier 'gold' is not in spec.tiers (tiers: batch, eval, interactive)",
     ),
     "classification-unreachable": Case(
         _set("policy", "spec.classification", [{"tier": "batch"}, {"host": "a", "tier": "eval"}]),
@@ -234,7 +239,10 @@ REJECTED = {
         _window(("1h", -5)), BUDGET, "spec.limits[0].tokens", "must be at least 1 (got -5)"
     ),
     "window-over-31d": Case(
-        _window(("32d", 10)), BUDGET, "spec.limits[0].window", "window must be between 1m and 31d"
+        _window(("32d", 10)),
+        BUDGET,
+        "spec.limits[0].window",
+        "window must be between 1m and 31d (got 32d)",
     ),
     "window-in-hours-over-31d": Case(
         _window(("745h", 10)), BUDGET, "spec.limits[0].window", "between 1m and 31d"
@@ -267,10 +275,13 @@ REJECTED = {
         "duplicate value 'batch'",
     ),
     "max-replicas-below-min": Case(
-        _set("pool", "spec.capacity.maxReplicas", 0),
+        _both(
+            _set("pool", "spec.capacity.minReplicas", 3),
+            _set("pool", "spec.capacity.maxReplicas", 2),
+        ),
         POOL,
         "spec.capacity.maxReplicas",
-        "maxReplicas must be greater than or equal to minReplicas",
+        "maxReplicas (2) must be greater than or equal to minReplicas (3)",
     ),
     "max-replicas-below-defaulted-min": Case(
         _both(
@@ -278,19 +289,19 @@ REJECTED = {
         ),
         POOL,
         "spec.capacity.maxReplicas",
-        "maxReplicas must be greater than or equal to minReplicas",
+        "maxReplicas (0) must be greater than or equal to minReplicas (1)",
     ),
     "p95-below-mean": Case(
         _set("pool", "spec.workload.promptTokens.p95", 500),
         POOL,
         "spec.workload.promptTokens.p95",
-        "p95 must be greater than or equal to mean",
+        "p95 (500) must be greater than or equal to mean (1000)",
     ),
     "lengths-over-max-model-len": Case(
         _set("pool", "spec.engine.maxModelLen", 2048),
         POOL,
         "spec.workload",
-        "must fit in engine.maxModelLen",
+        "must fit in engine.maxModelLen: 2048 + 1024 = 3072 tokens, over maxModelLen 2048",
     ),
     "unknown-tier-policy-ref": Case(
         _set("pool", "spec.tierPolicyRef.name", "nope"),
@@ -367,12 +378,6 @@ REJECTED = {
         "spec.tierPolicyRef",
         "namespace 'default' has 2 TierPolicies (other, tiers)",
     ),
-    "secret-missing": Case(
-        _set("budget", "spec.apiKeySecretRef.name", "nobody"),
-        BUDGET,
-        "spec.apiKeySecretRef.name",
-        "Secret 'nobody' not found in namespace 'default'",
-    ),
     "secret-key-missing": Case(
         _set("budget", "spec.apiKeySecretRef.key", "token"),
         BUDGET,
@@ -440,9 +445,15 @@ LOAD_ERRORS = {
     ),
     "not-a-mapping": ("- a\n- b\n", "bad.yaml: document 1: not a Kubernetes object (a list"),
     "scalar-document": ("just text\n", "bad.yaml: document 1: not a Kubernetes object"),
-    "unknown-kind": (
+    "unknown-kvpool-kind": (
+        "apiVersion: kvpool.dev/v1alpha1\nkind: ModelPoool\nmetadata: {name: web}\n",
+        "bad.yaml: ModelPoool/web: kind: 'ModelPoool' is not a kind of kvpool.dev (kinds: "
+        "ModelPool, TierPolicy, TenantBudget)",
+    ),
+    "only-other-kinds": (
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n",
-        "bad.yaml: Deployment/web: kind: unsupported kind apps/v1 Deployment (supported: ",
+        "bad.yaml: no kvpool objects found (skipped 1 document kvpool does not check: "
+        "apps/v1 Deployment/web (bad.yaml))",
     ),
     "no-kind": ("apiVersion: v1\nmetadata: {name: x}\n", "bad.yaml: ?/x: kind: required"),
     "no-name": (
@@ -563,6 +574,115 @@ def test_console_script_reports_problems_without_a_traceback(tmp_path: Path) -> 
     assert f"{file}: TierPolicy/tiers: spec.tiers: the floors of all tiers" in bad.stdout
     assert f"{tmp_path / 'missing.yaml'}: no such file or directory" in bad.stdout
     assert "Traceback" not in bad.stderr
+
+
+# --- a GitOps repository: other kinds, kustomize, Secrets kept elsewhere ------------------------
+
+
+DEPLOYMENT = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "redis", "namespace": "llm"},
+    "spec": {"replicas": 1},
+}
+HELM_RELEASE = {
+    "apiVersion": "helm.toolkit.fluxcd.io/v2",
+    "kind": "HelmRelease",
+    "metadata": {"name": "kvpool"},
+}
+KUSTOMIZATION = {"resources": ["kvpool.yaml", "redis.yaml"], "namespace": "llm"}
+
+
+def test_other_kinds_and_kustomization_files_are_skipped_with_one_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifests = valid_set()
+    write_manifests(tmp_path / "kvpool.yaml", manifests.documents())
+    write_manifests(tmp_path / "redis.yaml", [DEPLOYMENT, HELM_RELEASE])
+    write_manifests(tmp_path / "kustomization.yaml", [KUSTOMIZATION])
+
+    code, out, err = run_cli(capsys, "validate", "-f", str(tmp_path))
+
+    assert (code, out) == (0, ["4 objects valid"]), err
+    assert err.splitlines() == [
+        f"note: skipped 3 documents kvpool does not check: "
+        f"kustomization file ({tmp_path / 'kustomization.yaml'}), "
+        f"apps/v1 Deployment/redis ({tmp_path / 'redis.yaml'}), "
+        f"helm.toolkit.fluxcd.io/v2 HelmRelease/kvpool ({tmp_path / 'redis.yaml'})"
+    ]
+
+
+def test_a_secret_missing_from_the_manifests_is_a_warning_unless_required(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifests = valid_set()
+    manifests.budget["spec"]["apiKeySecretRef"]["name"] = "from-external-secrets"
+    file = write_manifests(tmp_path / "set.yaml", manifests.documents())
+    line = (
+        f"{file}: TenantBudget/acme: spec.apiKeySecretRef.name: Secret 'from-external-secrets' "
+        "is not in the given manifests: the operator reads it from namespace 'default'"
+    )
+
+    lenient = run_cli(capsys, "validate", "-f", str(file))
+    strict = run_cli(capsys, "validate", "-f", str(file), "--require-secrets")
+
+    assert lenient[0] == 0
+    assert [o.split(" (labelled")[0] for o in lenient[1]] == [
+        f"warning: {line}",
+        "4 objects valid (1 warning)",
+    ]
+    assert strict[0] == 1
+    assert [o.split(" (labelled")[0] for o in strict[1]] == [line]
+
+
+def test_one_bad_policy_rule_gives_one_line_not_one_per_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifests = valid_set()
+    manifests.policy["spec"]["classification"] = [{"host": "batch.example", "tier": "batcj"}]
+    manifests.extra += [
+        modelpool_manifest("code").peak(interactive=10).dict(),
+        acme_budget("other"),
+        acme_secret("other-key"),
+    ]
+    file = write_manifests(tmp_path / "set.yaml", manifests.documents())
+
+    code, out, _ = run_cli(capsys, "validate", "-f", str(file))
+
+    assert (code, out) == (
+        1,
+        [
+            f"{file}: TierPolicy/tiers: spec.classification[0].tier: tier 'batcj' is not in "
+            "spec.tiers (tiers: batch, eval, interactive)"
+        ],
+    )
+
+
+def test_a_budget_whose_only_policy_is_invalid_adds_no_line() -> None:
+    manifests = valid_set()
+    del manifests.budget["spec"]["tierPolicyRef"]
+    manifests.policy["spec"]["tiers"][0]["floorPercent"] = 90
+
+    validated = validate_documents(_docs(*manifests.documents()))
+
+    assert [(p.kind, p.path) for p in validated.problems] == [("TierPolicy", "spec.tiers")]
+
+
+def test_a_wrongly_typed_field_leaves_no_library_error_on_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    manifests = valid_set()
+    manifests.policy["spec"]["tiers"][0]["floorPercent"] = "50"
+    file = write_manifests(tmp_path / "set.yaml", manifests.documents())
+
+    code = main(["validate", "-f", str(file)])
+
+    out, err = capfd.readouterr()
+    assert code == 1
+    assert out.splitlines() == [
+        f"{file}: TierPolicy/tiers: spec.tiers[0].floorPercent: must be an integer (got '50')"
+    ]
+    assert err.splitlines() == ["1 problem found"], err
 
 
 # --- the pure checks on dicts -------------------------------------------------------------------
@@ -741,6 +861,53 @@ def test_every_cel_rule_in_the_crds_has_a_case() -> None:
     covered = {_rule(fragment) for fragment, _, _ in CEL_RULES.values()}
 
     assert covered == _rules_in_crds()
+
+
+def _entries_in_crds() -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            entries.extend(node.get("x-kubernetes-validations", []))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(build_crds())
+    return entries
+
+
+# rule id (as in CEL_RULES) -> what its messageExpression says about the rejected value
+NAMED_VALUES = {
+    "unique-tier-names": "tier names must be unique; repeated: a, a",
+    "floors-sum": "must sum to at most 100, not 101 (a 60, b 41)",
+    "classification-tiers": "defined in spec.tiers (a, b); not defined: c",
+    "classification-absent": "defined in spec.tiers (a, b); not defined: z",
+    "p95-at-least-mean": "p95 (4) must be greater than or equal to mean (5)",
+    "max-at-least-min": "maxReplicas (1) must be greater than or equal to minReplicas (2)",
+    "kv-target-at-least-1": "kvUtilizationTarget must be at least 1 (got 0)",
+    "lengths-fit": "3000 + 1000 = 4000 tokens, over maxModelLen 3999",
+    "window-days": "window must be between 1m and 31d (got 32d)",
+    "window-seconds": "window must be between 1m and 31d (got 59s)",
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), NAMED_VALUES.items(), ids=NAMED_VALUES.keys())
+def test_a_message_expression_names_the_values_of_a_failing_object(
+    case: str, expected: str
+) -> None:
+    fragment, _, bad = CEL_RULES[case]
+    entry = next(e for e in _entries_in_crds() if e["rule"] == _rule(fragment))
+
+    assert expected in rule_message(entry, bad)
+
+
+def test_rules_without_a_message_expression_need_no_value() -> None:
+    plain = {e["message"] for e in _entries_in_crds() if "messageExpression" not in e}
+
+    assert all(m.startswith("exactly one of") or "exclusive" in m or "4 tiers" in m for m in plain)
 
 
 RULE_ERRORS = {

@@ -62,9 +62,16 @@ def parse_duration(text: str) -> float:
     return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One ``x-kubernetes-validations`` entry (a CEL rule and its human message)."""
+def cel(
+    rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
+) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry: a CEL rule and its human message.
+
+    ``message_expression`` (CEL giving a string) is what an API server shows instead of
+    ``message`` when it evaluates: use it to name the values at fault."""
     entry = {"rule": rule, "message": message}
+    if message_expression is not None:
+        entry["messageExpression"] = message_expression
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry

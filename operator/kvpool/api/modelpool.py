@@ -375,7 +375,13 @@ class LengthDistribution(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
-            cel("self.p95 >= self.mean", "p95 must be greater than or equal to mean", ".p95")
+            cel(
+                "self.p95 >= self.mean",
+                "p95 must be greater than or equal to mean",
+                ".p95",
+                "'p95 (' + string(self.p95) + ') must be greater than or equal to mean (' + "
+                "string(self.mean) + ')'",
+            )
         )
     }
 
@@ -399,6 +405,8 @@ class CapacitySpec(ApiModel):
                 "self.maxReplicas >= self.minReplicas",
                 "maxReplicas must be greater than or equal to minReplicas",
                 ".maxReplicas",
+                "'maxReplicas (' + string(self.maxReplicas) + ') must be greater than or "
+                "equal to minReplicas (' + string(self.minReplicas) + ')'",
             )
         )
     }
@@ -418,7 +426,14 @@ class CapacitySpec(ApiModel):
     kv_utilization_target: Percent = Field(
         default=90,
         description="Percent of measured KV tokens the plan may hand out (the rest absorbs error).",
-        json_schema_extra=validations(cel("self >= 1", "kvUtilizationTarget must be at least 1")),
+        json_schema_extra=validations(
+            cel(
+                "self >= 1",
+                "kvUtilizationTarget must be at least 1",
+                None,
+                "'kvUtilizationTarget must be at least 1 (got ' + string(self) + ')'",
+            )
+        ),
     )
     kv_tokens_per_replica: int | None = Field(
         default=None,
@@ -578,6 +593,11 @@ class ModelPoolSpec(ApiModel):
                 "<= self.engine.maxModelLen",
                 "a p95 prompt plus a p95 output must fit in engine.maxModelLen",
                 ".workload",
+                "'a p95 prompt plus a p95 output must fit in engine.maxModelLen: ' + "
+                "string(self.workload.promptTokens.p95) + ' + ' + "
+                "string(self.workload.outputTokens.p95) + ' = ' + "
+                "string(self.workload.promptTokens.p95 + self.workload.outputTokens.p95) + "
+                "' tokens, over maxModelLen ' + string(self.engine.maxModelLen)",
             )
         )
     }

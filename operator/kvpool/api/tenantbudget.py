@@ -51,6 +51,7 @@ class BudgetLimit(ApiModel):
                 f"{_WINDOW_SECONDS_CEL} <= {MAX_WINDOW_SECONDS}",
                 "window must be between 1m and 31d",
                 ".window",
+                "'window must be between 1m and 31d (got ' + self.window + ')'",
             )
         )
     }

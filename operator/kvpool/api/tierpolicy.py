@@ -26,6 +26,12 @@ from kvpool.api.common import (
 )
 
 MAX_TIERS = 4
+# Rules that ``kvpool validate`` explains per index (kvpool.api.validation.semantic).
+RULE_UNIQUE_TIER_NAMES = "self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))"
+RULE_CLASSIFICATION_TIERS = (
+    "!has(self.classification) || self.classification.all(r, "
+    "self.tiers.exists(t, t.name == r.tier))"
+)
 TOO_MANY_TIERS = "at most 4 tiers: more than four tiers becomes a policy nobody can reason about"
 
 
@@ -111,20 +117,28 @@ class TierPolicySpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
             cel(
-                "self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))",
+                RULE_UNIQUE_TIER_NAMES,
                 "tier names must be unique",
                 ".tiers",
+                "'tier names must be unique; repeated: ' + self.tiers.filter(t, "
+                "!self.tiers.exists_one(u, u.name == t.name)).map(t, t.name).join(', ')",
             ),
             cel(
                 "self.tiers.map(t, t.floorPercent).sum() <= 100",
                 "the floors of all tiers (floorPercent) must sum to at most 100",
                 ".tiers",
+                "'the floors of all tiers (floorPercent) must sum to at most 100, not ' + "
+                "string(self.tiers.map(t, t.floorPercent).sum()) + ' (' + "
+                "self.tiers.map(t, t.name + ' ' + string(t.floorPercent)).join(', ') + ')'",
             ),
             cel(
-                "!has(self.classification) || self.classification.all(r, "
-                "self.tiers.exists(t, t.name == r.tier))",
+                RULE_CLASSIFICATION_TIERS,
                 "every classification rule must name a tier defined in spec.tiers",
                 ".classification",
+                "'every classification rule must name a tier defined in spec.tiers (' + "
+                "self.tiers.map(t, t.name).join(', ') + '); not defined: ' + "
+                "self.classification.filter(r, !self.tiers.exists(t, t.name == r.tier))"
+                ".map(r, r.tier).join(', ')",
             ),
         )
     }

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from kvpool.api.validation import (
     Document,
     Finding,
     Problem,
+    Skipped,
     ValidatedSet,
     validate_documents,
 )
@@ -140,15 +141,36 @@ def check_builtin(body: Mapping[str, Any]) -> list[Finding]:
     return []
 
 
-def load_and_validate(paths: Iterable[str]) -> ValidatedSet:
+def load_and_validate(paths: Iterable[str], *, require_secrets: bool = False) -> ValidatedSet:
     """Load every manifest under ``paths`` and validate the set (see kvpool.api.validation).
 
-    Loading problems come first; an empty set of objects is a problem too.
+    Loading problems come first; an empty set of objects is a problem too. With
+    ``require_secrets`` a Secret missing from the set is a problem, not a warning.
     """
     paths = list(paths)
     documents, load_problems = fetch_documents(paths)
     validated = validate_documents(documents, check_builtin=check_builtin)
     problems = [*load_problems, *validated.problems]
+    warnings = validated.warnings
+    if require_secrets:
+        problems, warnings = [*problems, *warnings], []
     if not problems and validated.object_count == 0:
-        problems.append(Problem(", ".join(paths) or "''", "", "", "", "no objects found"))
-    return dataclasses.replace(validated, problems=problems)
+        where = ", ".join(paths) or "''"
+        reason = "no objects found"
+        if validated.skipped:
+            reason = f"no kvpool objects found ({skipped_note(validated.skipped)})"
+        problems.append(Problem(where, "", "", "", reason))
+    return dataclasses.replace(validated, problems=problems, warnings=warnings)
+
+
+def skipped_note(skipped: Sequence[Skipped], shown: int = 4) -> str:
+    """One line for the documents left unchecked, naming the first few.
+
+    >>> skipped_note([Skipped("a.yaml", "apps/v1 Deployment/redis")])
+    'skipped 1 document kvpool does not check: apps/v1 Deployment/redis (a.yaml)'
+    """
+    count = len(skipped)
+    named = ", ".join(item.format() for item in skipped[:shown])
+    more = f" and {count - shown} more" if count > shown else ""
+    noun = "document" if count == 1 else "documents"
+    return f"skipped {count} {noun} kvpool does not check: {named}{more}"

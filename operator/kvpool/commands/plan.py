@@ -6,7 +6,13 @@ figure came from), the live sequences per replica, and per tier the floor tokens
 slots, the lendable part and the shared remainder, with capacity-short warnings.
 
 ``-o json`` is a stable interface for scripts (``formatVersion`` 1, documented in the
-README); ``-o yaml`` is the same document as YAML; ``-o table`` is for humans.
+README); ``-o yaml`` is the same document as YAML; ``-o table`` is for humans. The
+document is printed whatever happens: manifests that fail validation give ``ok: false``,
+their ``problems`` and no pools, and a pool that cannot be planned has every figure
+``null``.
+
+Exit codes: 0 every pool planned; 1 a problem (or, with ``--strict``, a capacity-short
+pool or tier: its peaks do not fit in ``maxReplicas``), so CI can gate on it; 2 usage.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import yaml
 
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.api.validation import Problem
 from kvpool.commands.manifests import load_and_validate
 from kvpool.domain.planner import PlanError, PoolPlan, plan_pool
 
@@ -43,6 +50,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan every pool with this KV capacity per replica instead of its declared figure",
     )
     parser.add_argument("-o", "--output", choices=["table", "yaml", "json"], default="table")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a pool or tier is capacity-short (its peak does not fit in "
+        "maxReplicas), for CI",
+    )
+
+
+def _problem_entry(problem: Problem) -> dict[str, str]:
+    return {
+        "file": problem.file,
+        "kind": problem.kind,
+        "name": problem.name,
+        "path": problem.path,
+        "reason": problem.reason,
+        "line": problem.format(),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,19 +74,39 @@ def run(args: argparse.Namespace) -> int:
         print("error: --kv-tokens-per-replica must be a positive integer", file=sys.stderr)
         return 2
     resources = load_and_validate(args.filename)
+    for warning in resources.warnings:
+        print(f"warning: {warning.format()}", file=sys.stderr)
     if resources.problems:
         for problem in resources.problems:
             print(problem.format(), file=sys.stderr)
         print(f"{len(resources.problems)} problem(s): no plan", file=sys.stderr)
-        return 1
-    report = build_plan_report(resources.pools, resources.tier_policies, args.kv_tokens_per_replica)
+        report: dict[str, Any] = {
+            "formatVersion": PLAN_FORMAT_VERSION,
+            "ok": False,
+            "problems": [_problem_entry(p) for p in resources.problems],
+            "pools": [],
+        }
+    else:
+        report = build_plan_report(
+            resources.pools, resources.tier_policies, args.kv_tokens_per_replica
+        )
     if args.output == "json":
         print(json.dumps(report, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump(report, sort_keys=False), end="")
-    else:
+    elif report["ok"] or report["pools"]:
         print(render_table(report), end="")
-    return 0 if all(pool["ok"] for pool in report["pools"]) else 1
+    if not report["ok"]:
+        return 1
+    short = [f"{p['namespace']}/{p['name']}" for p in report["pools"] if p["capacityShort"]]
+    if args.strict and short:
+        print(
+            f"--strict: capacity-short: {', '.join(short)} (raise capacity.maxReplicas or "
+            "lower capacity.peakConcurrency)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def build_plan_report(
@@ -76,7 +120,27 @@ def build_plan_report(
         policy = by_key[(namespace, pool.spec.tier_policy_ref.name)]
         result = plan_pool(pool, policy, kv_override)
         entries.append(_pool_entry(pool, namespace, result, overridden=kv_override is not None))
-    return {"formatVersion": PLAN_FORMAT_VERSION, "pools": entries}
+    return {
+        "formatVersion": PLAN_FORMAT_VERSION,
+        "ok": all(entry["ok"] for entry in entries),
+        "problems": [],
+        "pools": entries,
+    }
+
+
+# The figures of a planned pool; a pool that cannot be planned has each of them null.
+POOL_FIGURES = (
+    "replicas",
+    "kvTokensPerReplica",
+    "kvSource",
+    "usableTokensPerReplica",
+    "liveSequencesPerReplica",
+    "totalTokens",
+    "totalSlots",
+    "sharedTokens",
+    "sharedSlots",
+    "capacityShort",
+)
 
 
 def _pool_entry(
@@ -88,14 +152,12 @@ def _pool_entry(
         "tierPolicy": pool.spec.tier_policy_ref.name,
     }
     if isinstance(result, PlanError):
-        return entry | {
-            "ok": False,
-            "error": {"reason": result.reason, "message": result.message},
-            "replicas": None,
-            "kvTokensPerReplica": None,
-            "kvSource": None,
-            "tiers": [],
-        }
+        return (
+            entry
+            | {"ok": False, "error": {"reason": result.reason, "message": result.message}}
+            | dict.fromkeys(POOL_FIGURES)
+            | {"warnings": [], "tiers": []}
+        )
     return entry | {
         "ok": True,
         "error": None,

@@ -22,6 +22,7 @@ from kvpool.api.validation.results import (
     Finding,
     Problem,
     SecretData,
+    Skipped,
     ValidatedSet,
 )
 from kvpool.api.validation.rules import KUBERNETES_FUNCTIONS, assess_rule, check_extensions
@@ -35,6 +36,7 @@ __all__ = [
     "Finding",
     "Problem",
     "SecretData",
+    "Skipped",
     "ValidatedSet",
     "assess_rule",
     "budget_tier_findings",

@@ -9,10 +9,16 @@ Per document, in the order an API server would work (and then some):
 3. the built-ins that ship beside them (v1 Secret, ConfigMap, Namespace) go to the
    ``check_builtin`` function the caller passes (the CLI uses kubernetes-validate, which
    reads its schemas from disk, so it cannot live in this pure layer);
-4. anything else is an unsupported kind.
+4. any other kind (a Deployment, a HelmRelease, an ExternalSecret...) and every document of
+   a kustomization file is :class:`Skipped`: a GitOps repository holds them beside kvpool's
+   objects. Only an unknown kind of kvpool's own group is a problem (a typo there would
+   otherwise pass unnoticed).
 
-Then references across the valid objects (:mod:`.references`). No file I/O happens here:
-the caller loads :class:`Document` values, so the operator can reuse the checks.
+Then references across the valid objects (:mod:`.references`). A reference to an object
+that is in the set but invalid is not reported again (its own problems say what is wrong),
+so one bad TierPolicy gives its own lines, not one more per pool and tenant using it. No
+file I/O happens here: the caller loads :class:`Document` values, so the operator can
+reuse the checks.
 
 Worked example: a document ``[1, 2]`` in ``a.yaml`` gives
 ``a.yaml: document 1: not a Kubernetes object (a list, not a mapping)``.
@@ -41,6 +47,7 @@ from kvpool.api.validation.results import (
     Finding,
     Problem,
     SecretData,
+    Skipped,
     ValidatedSet,
 )
 from kvpool.api.validation.rules import UNEVALUATED, check_extensions
@@ -49,9 +56,9 @@ from kvpool.api.validation.schema import apply_defaults, check_schema, format_pa
 BuiltinCheck = Callable[[Mapping[str, Any]], list[Finding]]
 
 BUILTIN_KINDS = frozenset({("v1", "Secret"), ("v1", "ConfigMap"), ("v1", "Namespace")})
-SUPPORTED = (
-    "ModelPool, TierPolicy, TenantBudget (kvpool.dev/v1alpha1) and v1 Secret, ConfigMap, Namespace"
-)
+KVPOOL_KINDS = "ModelPool, TierPolicy, TenantBudget"
+# kustomize's file names: its documents are build instructions, not objects to apply
+KUSTOMIZATION_FILES = frozenset({"kustomization.yaml", "kustomization.yml", "Kustomization"})
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -111,7 +118,7 @@ def check_custom_object(body: Mapping[str, Any]) -> tuple[BaseModel | None, list
     schema = object_schema(info.kind)
     defaulted = apply_defaults(schema, dict(body))
     schema_findings = check_schema(kind, defaulted)
-    rule_findings = check_extensions(schema, defaulted)
+    rule_findings = semantic.explain_rule_findings(defaulted, check_extensions(schema, defaulted))
     if schema_findings:
         # Rules over ill-typed data cannot be evaluated; the schema finding says why.
         rule_findings = [f for f in rule_findings if UNEVALUATED not in f.reason]
@@ -158,11 +165,18 @@ def build_secret_data(body: Mapping[str, Any]) -> tuple[SecretData | None, list[
 _Valid = ModelPool | TierPolicy | TenantBudget | SecretData | Mapping[str, Any]
 
 
+def _file_name(source: str) -> str:
+    return source.replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def check_document(
     doc: Document, check_builtin: BuiltinCheck | None = None
-) -> tuple[_Valid | None, list[Problem]]:
-    """One document: the valid object it holds (None when it has problems) and its problems."""
+) -> tuple[_Valid | Skipped | None, list[Problem]]:
+    """One document: the valid object it holds (None when it has problems, a
+    :class:`Skipped` when kvpool does not check it) and its problems."""
     body = doc.body
+    if _file_name(doc.source) in KUSTOMIZATION_FILES:
+        return Skipped(doc.source, "kustomization file"), []
     if not isinstance(body, dict):
         reason = f"not a Kubernetes object ({_type_name(body)}, not a mapping)"
         return None, [Problem(doc.source, "", "", f"document {doc.index}", reason)]
@@ -194,8 +208,10 @@ def check_document(
             findings += secret_findings
             valid = secret if secret is not None else body
         return (None if findings else valid), located(findings)
-    reason = f"unsupported kind {api_version} {kind} (supported: {SUPPORTED})"
-    return None, located([Finding("kind", reason)])
+    if api_version.split("/")[0] == GROUP:
+        reason = f"{kind!r} is not a kind of {GROUP} (kinds: {KVPOOL_KINDS})"
+        return None, located([Finding("kind", reason)])
+    return Skipped(doc.source, f"{api_version} {kind}/{label[1] or '?'}"), []
 
 
 def validate_documents(
@@ -212,12 +228,18 @@ def validate_documents(
     budgets: list[Located[TenantBudget]] = []
     secrets: list[SecretData] = []
     others: list[Mapping[str, Any]] = []
+    skipped: list[Skipped] = []
+    invalid: set[tuple[str, str, str]] = set()  # (kind, namespace, name) in the set, not valid
     for doc in documents:
         if doc.body is None:
             continue
         valid, found = check_document(doc, check_builtin)
         problems.extend(found)
-        if isinstance(valid, ModelPool):
+        if valid is None and isinstance(doc.body, dict):
+            invalid.add(_identity(doc.body))
+        if isinstance(valid, Skipped):
+            skipped.append(valid)
+        elif isinstance(valid, ModelPool):
             pools.append(Located(doc.source, valid))
         elif isinstance(valid, TierPolicy):
             policies.append(Located(doc.source, valid))
@@ -227,12 +249,25 @@ def validate_documents(
             secrets.append(valid)
         elif valid is not None:
             others.append(valid)
-    problems.extend(check_references(pools, policies, budgets, secrets))
+    references = check_references(pools, policies, budgets, secrets, invalid)
     return ValidatedSet(
         pools=[p.obj for p in pools],
         tier_policies=[p.obj for p in policies],
         tenant_budgets=[b.obj for b in budgets],
         secrets=secrets,
         others=others,
-        problems=problems,
+        problems=[*problems, *references.problems],
+        warnings=references.warnings,
+        skipped=skipped,
+    )
+
+
+def _identity(body: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(kind, namespace, name) of a document, as far as it says."""
+    metadata = body.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    return (
+        str(body.get("kind")),
+        str(metadata.get("namespace") or DEFAULT_NAMESPACE),
+        str(metadata.get("name")),
     )

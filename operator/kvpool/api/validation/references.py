@@ -8,11 +8,17 @@ to apply, so it reports a dangling reference before anything is applied:
   ``capacity.peakConcurrency`` and ``rollout.canaryTiers`` are tiers of that policy;
 - TenantBudget ``tiers`` are tiers of its ``tierPolicyRef`` policy or, without a ref, of
   the namespace's only TierPolicy (several policies and no ref is ambiguous);
-- TenantBudget ``apiKeySecretRef`` names a Secret of the set that has the key and the
-  label ``kvpool.dev/api-key`` (the operator reads no other Secret; the examples ship
-  their Secrets, so an absent Secret is an error, not a warning);
+- TenantBudget ``apiKeySecretRef`` names a Secret that has the key and the label
+  ``kvpool.dev/api-key`` (the operator reads no other Secret). A Secret that is not in
+  the set at all is a *warning*: GitOps repositories often leave Secrets to External
+  Secrets or SOPS, so only the cluster can have it (``kvpool validate
+  --require-secrets`` makes it an error);
 - no two objects of a kind share a namespace and name, no two TenantBudgets share a
   tenant id, no two ModelPools serve the same model name (the gateway routes by it).
+
+A reference to an object that is in the set but invalid gives no problem here: the
+object's own problems say what to fix, and one bad TierPolicy must not add a line for
+every pool and tenant that uses it.
 
 Objects without a namespace are in ``default``. Worked example: a ModelPool in ``default``
 with ``tierPolicyRef: {name: tiers}`` and no TierPolicy ``tiers`` in ``default`` gives
@@ -39,6 +45,17 @@ class Located(Generic[T]):
 
     source: str  # file name, as the user gave it
     obj: T  # the parsed object
+
+
+@dataclass(frozen=True)
+class References:
+    """What the checks across objects found: problems, and warnings a cluster may resolve."""
+
+    problems: list[Problem]
+    warnings: list[Problem]
+
+
+Invalid = frozenset[tuple[str, str, str]] | set[tuple[str, str, str]]  # (kind, ns, name)
 
 
 def _namespace(obj: ModelPool | TierPolicy | TenantBudget) -> str:
@@ -107,7 +124,9 @@ def _policy_tier_problems(item: Located[ModelPool], policy: TierPolicy) -> list[
 
 
 def check_pools(
-    pools: Sequence[Located[ModelPool]], policies: dict[tuple[str, str], TierPolicy]
+    pools: Sequence[Located[ModelPool]],
+    policies: dict[tuple[str, str], TierPolicy],
+    invalid: Invalid = frozenset(),
 ) -> list[Problem]:
     """Pool -> policy references, pool tiers, and served model names unique per namespace."""
     problems = []
@@ -116,7 +135,9 @@ def check_pools(
         namespace = _namespace(item.obj)
         ref = item.obj.spec.tier_policy_ref.name
         policy = policies.get((namespace, ref))
-        if policy is None:
+        if policy is None and ("TierPolicy", namespace, ref) in invalid:
+            pass  # the policy's own problems are reported
+        elif policy is None:
             in_ns = [name for ns, name in policies if ns == namespace]
             problems.append(
                 _problem(
@@ -184,10 +205,26 @@ def budget_tier_findings(budget: TenantBudget, policy: TierPolicy) -> list[Findi
 
 
 def _budget_policy(
-    item: Located[TenantBudget], policies: dict[tuple[str, str], TierPolicy]
-) -> TierPolicy | Problem:
+    item: Located[TenantBudget],
+    policies: dict[tuple[str, str], TierPolicy],
+    invalid: Invalid = frozenset(),
+) -> TierPolicy | Problem | None:
+    """The budget's policy, a problem, or None when it is in the set but invalid."""
     namespace = _namespace(item.obj)
     in_ns = {name: p for (ns, name), p in policies.items() if ns == namespace}
+    broken = {name for kind, ns, name in invalid if kind == "TierPolicy" and ns == namespace}
+    ref = item.obj.spec.tier_policy_ref
+    if ref is not None and ref.name in broken:
+        return None
+    if ref is None and broken:
+        if len(in_ns) + len(broken) == 1:
+            return None  # the namespace's only policy is invalid
+        names = _names([*in_ns, *broken])
+        reason = (
+            f"required: namespace {namespace!r} has {len(in_ns) + len(broken)} TierPolicies "
+            f"({names}); name the one this tenant uses"
+        )
+        return _problem(item, "spec.tierPolicyRef", reason)
     found = resolve_budget_policy(item.obj, in_ns)
     return _problem(item, found.path, found.reason) if isinstance(found, Finding) else found
 
@@ -196,28 +233,32 @@ def check_budgets(
     budgets: Sequence[Located[TenantBudget]],
     policies: dict[tuple[str, str], TierPolicy],
     secrets: dict[tuple[str, str], SecretData],
-) -> list[Problem]:
+    invalid: Invalid = frozenset(),
+) -> References:
     """Budget -> policy and tiers, budget -> Secret key, tenant ids unique per namespace."""
-    problems = []
+    problems, warnings = [], []
     tenants: dict[tuple[str, str], str] = {}
     for item in budgets:
         namespace = _namespace(item.obj)
-        policy = _budget_policy(item, policies)
+        policy = _budget_policy(item, policies, invalid)
         if isinstance(policy, Problem):
             problems.append(policy)
-        else:
+        elif policy is not None:
             problems += [
                 _problem(item, f.path, f.reason) for f in budget_tier_findings(item.obj, policy)
             ]
         ref = item.obj.spec.api_key_secret_ref
         secret = secrets.get((namespace, ref.name))
-        if secret is None:
-            problems.append(
+        if secret is None and ("Secret", namespace, ref.name) in invalid:
+            pass  # the Secret's own problems are reported
+        elif secret is None:
+            warnings.append(
                 _problem(
                     item,
                     "spec.apiKeySecretRef.name",
-                    f"Secret {ref.name!r} not found in namespace {namespace!r} "
-                    "in the given manifests",
+                    f"Secret {ref.name!r} is not in the given manifests: the operator reads "
+                    f"it from namespace {namespace!r} (labelled {API_KEY_SECRET_LABEL}: "
+                    '"true"); until it exists there, the tenant\'s requests get 401',
                 )
             )
         elif API_KEY_SECRET_LABEL not in secret.labels:
@@ -249,7 +290,7 @@ def check_budgets(
             )
         else:
             tenants[(namespace, tenant)] = item.obj.metadata.name
-    return problems
+    return References(problems, warnings)
 
 
 def check_references(
@@ -257,12 +298,18 @@ def check_references(
     policies: Sequence[Located[TierPolicy]],
     budgets: Sequence[Located[TenantBudget]],
     secrets: Sequence[SecretData],
-) -> list[Problem]:
-    """Every cross-object problem of a set of valid objects."""
+    invalid: Invalid = frozenset(),
+) -> References:
+    """Every cross-object problem and warning of a set of valid objects; ``invalid`` names
+    the objects of the set that failed their own checks (no problem repeats theirs)."""
     by_key = {(_namespace(p.obj), p.obj.metadata.name): p.obj for p in policies}
     secret_by_key = {(s.namespace, s.name): s for s in secrets}
-    return [
-        *_duplicates([*policies, *pools, *budgets]),
-        *check_pools(pools, by_key),
-        *check_budgets(budgets, by_key, secret_by_key),
-    ]
+    budget_refs = check_budgets(budgets, by_key, secret_by_key, invalid)
+    return References(
+        problems=[
+            *_duplicates([*policies, *pools, *budgets]),
+            *check_pools(pools, by_key, invalid),
+            *budget_refs.problems,
+        ],
+        warnings=budget_refs.warnings,
+    )

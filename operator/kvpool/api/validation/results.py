@@ -2,7 +2,11 @@
 
 A :class:`Finding` is a problem inside one object (a field path and a reason); a
 :class:`Problem` places it in a file and an object, and formats as the line
-``kvpool validate`` prints: ``FILE: Kind/name: field.path: reason``.
+``kvpool validate`` prints: ``FILE: Kind/name: field.path: reason``. A warning is a
+:class:`Problem` too, kept apart (:attr:`ValidatedSet.warnings`): something the set
+cannot show but a cluster may have (a Secret managed by External Secrets or SOPS).
+Documents kvpool does not check (a Deployment, a kustomization file) are
+:class:`Skipped`, not problems: they are normal in a GitOps repository.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class Finding:
 
     path: str  # field path from the object root, e.g. "spec.tiers[1].floorPercent"
     reason: str  # what is wrong, for a human
+    # the CEL rule that failed, when a rule is the source (lets a precise check replace it)
+    rule: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, order=True)
@@ -72,6 +78,21 @@ class SecretData:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A document left unchecked: a kind kvpool does not check, or a kustomization file."""
+
+    file: str  # the file, as the user named it
+    what: str  # "apps/v1 Deployment/redis", or the file's role ("kustomization file")
+
+    def format(self) -> str:
+        """
+        >>> Skipped("redis.yaml", "apps/v1 Deployment/redis").format()
+        'apps/v1 Deployment/redis (redis.yaml)'
+        """
+        return f"{self.what} ({self.file})"
+
+
+@dataclass(frozen=True)
 class ValidatedSet:
     """The objects of a set of manifests that passed every check, and the problems found.
 
@@ -85,6 +106,8 @@ class ValidatedSet:
     secrets: list[SecretData] = field(default_factory=list)
     others: list[Mapping[str, Any]] = field(default_factory=list)  # ConfigMaps, Namespaces
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)  # e.g. a Secret not in the set
+    skipped: list[Skipped] = field(default_factory=list)  # documents kvpool does not check
 
     @property
     def ok(self) -> bool:

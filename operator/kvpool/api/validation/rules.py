@@ -5,10 +5,18 @@ common-expression-language bindings) by walking the schema and the object togeth
 at each node carrying rules, ``self`` is the value at that node. A failing rule is
 reported at the node's path plus the rule's ``fieldPath``, with the rule's ``message``.
 
+A failing rule's ``messageExpression`` (a CEL expression giving a string, evaluated on
+the same ``self``) is its message, as on an API server; when it cannot be evaluated the
+plain ``message`` is used instead.
+
 The cel package implements the CEL core (``has``, ``all``, ``exists``, ``exists_one``,
-``map``, ``size``, ``endsWith``, ``int``) but not two Kubernetes library functions our
-rules use: the list library's ``sum()`` and the strings library's ``replace()``;
-:data:`KUBERNETES_FUNCTIONS` adds them.
+``map``, ``filter``, ``size``, ``endsWith``, ``int``, ``string``) but not three
+Kubernetes library functions our rules and messages use: the list library's ``sum()``
+and the strings library's ``replace()`` and ``join()``; :data:`KUBERNETES_FUNCTIONS`
+adds them. They give no value (``null``, so the expression fails to type-check inside
+CEL) on arguments of the wrong type rather than raising: an exception raised in a
+function is printed to stderr by the cel bindings, and a wrongly typed field is the
+schema check's to report.
 
 ``x-kubernetes-list-type: set`` and ``map`` (unique items / unique keys) are checked here
 too, since OpenAPI has no way to say "unique by key".
@@ -32,23 +40,39 @@ from kvpool.api.validation.schema import format_path
 Schema = dict[str, Any]
 
 
-def _sum(values: list[Any]) -> Any:
-    """Kubernetes CEL list library: ``[1, 2].sum() == 3``."""
-    total: Any = 0
-    for value in values:
-        total = total + value
-    return total
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _replace(text: str, old: str, new: str, limit: int = -1) -> str:
-    """Kubernetes CEL strings library: ``'1h'.replace('h', '') == '1'``."""
+def _sum(values: Any) -> Any:
+    """Kubernetes CEL list library: ``[1, 2].sum() == 3`` (None unless all are numbers)."""
+    if not isinstance(values, list) or not all(_is_number(v) for v in values):
+        return None
+    return sum(values)
+
+
+def _replace(text: Any, old: Any, new: Any, limit: Any = -1) -> Any:
+    """Kubernetes CEL strings library: ``'1h'.replace('h', '') == '1'`` (None on non-strings)."""
+    if not all(isinstance(v, str) for v in (text, old, new)) or not isinstance(limit, int):
+        return None
     return text.replace(old, new, limit)
+
+
+def _join(values: Any, separator: Any = "") -> Any:
+    """Kubernetes CEL strings library: ``['a', 'b'].join(', ') == 'a, b'``."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return None
+    return str(separator).join(values) if isinstance(separator, str) else None
 
 
 # Marks a finding about a rule that gave no verdict (rather than a violated rule).
 UNEVALUATED = "could not be evaluated"
 
-KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {"sum": _sum, "replace": _replace}
+KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sum": _sum,
+    "replace": _replace,
+    "join": _join,
+}
 
 
 @cache
@@ -75,6 +99,26 @@ def assess_rule(rule: str, value: Any) -> bool | str:
     if isinstance(result, bool):
         return result
     return f"the rule gave {result!r}, not true or false"
+
+
+def rule_message(entry: dict[str, Any], value: Any) -> str:
+    """The message of a failed rule: its ``messageExpression`` when that gives a string
+    (as an API server does), else ``message``, else the rule itself.
+
+    >>> rule_message({"rule": "self.a <= 2", "message": "a is at most 2",
+    ...               "messageExpression": "'a is ' + string(self.a) + ', at most 2'"}, {"a": 3})
+    'a is 3, at most 2'
+    """
+    expression = entry.get("messageExpression")
+    if expression:
+        context = cel.Context(variables={"self": value}, functions=KUBERNETES_FUNCTIONS)
+        try:
+            text = compile_rule(expression).execute(context)
+        except Exception:  # an API server falls back to message too
+            text = None
+        if isinstance(text, str) and text.strip():
+            return text
+    return str(entry.get("message") or f"failed rule: {entry['rule']}")
 
 
 def _list_type_findings(schema: Schema, value: list[Any], path: list[str | int]) -> list[Finding]:
@@ -123,7 +167,8 @@ def check_extensions(
         verdict = assess_rule(entry["rule"], value)
         where = (format_path(path) + entry.get("fieldPath", "")).lstrip(".")
         if verdict is False:
-            findings.append(Finding(where, entry.get("message") or f"failed rule: {entry['rule']}"))
+            findings.append(Finding(where, rule_message(entry, value), rule=entry["rule"]))
         elif verdict is not True:
-            findings.append(Finding(where, f"rule {entry['rule']!r} {UNEVALUATED}: {verdict}"))
+            reason = f"rule {entry['rule']!r} {UNEVALUATED}: {verdict}"
+            findings.append(Finding(where, reason, rule=entry["rule"]))
     return findings

@@ -15,15 +15,24 @@ to hear before the operator acts on it:
 Worked example: limits ``[{window: 1h, tokens: 100}, {window: 60m, tokens: 50}]`` give
 ``Finding("spec.limits[1].window", "'60m' is the same window as spec.limits[0].window
 ('1h'); keep one limit per window")``.
+
+Two CEL rules of TierPolicy judge a whole list, so an API server can only name the
+values at fault; :func:`explain_rule_findings` replaces their one finding with one per
+entry at fault, with its index (``spec.classification[2].tier: tier 'evl' is not in
+spec.tiers (tiers: batch, eval, interactive)``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from kvpool.api.common import parse_duration
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
-from kvpool.api.tierpolicy import TierPolicy
+from kvpool.api.tierpolicy import RULE_CLASSIFICATION_TIERS, RULE_UNIQUE_TIER_NAMES, TierPolicy
 from kvpool.api.validation.results import Finding
+from kvpool.api.validation.rules import UNEVALUATED
 
 # Engine flags the operator derives from typed ModelPool fields.
 OWNED_ENGINE_FLAGS = {
@@ -119,3 +128,72 @@ def check_model_pool(pool: ModelPool) -> list[Finding]:
             )
         )
     return findings
+
+
+def _entries(spec: Any, field: str) -> list[tuple[int, Mapping[str, Any]]]:
+    items = spec.get(field) if isinstance(spec, Mapping) else None
+    if not isinstance(items, list):
+        return []
+    return [(index, item) for index, item in enumerate(items) if isinstance(item, Mapping)]
+
+
+def _tier_names(spec: Any) -> list[str]:
+    return [str(t.get("name")) for _, t in _entries(spec, "tiers")]
+
+
+def _unknown_classification_tiers(spec: Any) -> list[Finding]:
+    """``spec.classification[i].tier`` for each rule naming a tier not in ``spec.tiers``."""
+    names = _tier_names(spec)
+    listed = ", ".join(sorted(names))
+    return [
+        Finding(
+            f"spec.classification[{index}].tier",
+            f"tier {rule.get('tier')!r} is not in spec.tiers (tiers: {listed})",
+        )
+        for index, rule in _entries(spec, "classification")
+        if rule.get("tier") not in names
+    ]
+
+
+def _repeated_tier_names(spec: Any) -> list[Finding]:
+    """``spec.tiers[i].name`` for each tier whose name an earlier tier already has."""
+    first: dict[str, int] = {}
+    findings = []
+    for index, tier in _entries(spec, "tiers"):
+        name = str(tier.get("name"))
+        if name in first:
+            findings.append(
+                Finding(
+                    f"spec.tiers[{index}].name",
+                    f"tier name {name!r} is also the name of spec.tiers[{first[name]}]; "
+                    "tier names must be unique",
+                )
+            )
+        else:
+            first[name] = index
+    return findings
+
+
+# rule -> the per-entry findings that replace its one finding (given the object's spec)
+_EXPLAINERS: dict[str, Callable[[Any], list[Finding]]] = {
+    RULE_CLASSIFICATION_TIERS: _unknown_classification_tiers,
+    RULE_UNIQUE_TIER_NAMES: _repeated_tier_names,
+}
+
+
+def explain_rule_findings(body: Mapping[str, Any], findings: list[Finding]) -> list[Finding]:
+    """``findings`` with each violated list-wide rule replaced by one finding per entry at
+    fault (index and value); other findings, and rules that could not be evaluated, stay.
+
+    >>> spec = {"tiers": [{"name": "a"}], "classification": [{"tier": "a"}, {"tier": "b"}]}
+    >>> found = Finding("spec.classification", "...", rule=RULE_CLASSIFICATION_TIERS)
+    >>> [(f.path, f.reason) for f in explain_rule_findings({"spec": spec}, [found])]
+    [('spec.classification[1].tier', "tier 'b' is not in spec.tiers (tiers: a)")]
+    """
+    out: list[Finding] = []
+    for finding in findings:
+        explain = _EXPLAINERS.get(finding.rule or "")
+        violated = explain is not None and UNEVALUATED not in finding.reason
+        precise = explain(body.get("spec")) if explain is not None and violated else []
+        out.extend(precise or [finding])
+    return out
