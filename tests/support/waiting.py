@@ -43,18 +43,52 @@ class WaitTimeoutError(AssertionError):
 class ManualClock:
     """A clock that moves only when told to: pass it where code takes ``clock``/``now``.
 
-    Calling it returns the current time (seconds; any epoch: monotonic or wall clock)."""
+    Calling it returns the current time (seconds; any epoch: monotonic or wall clock). It
+    is also a :class:`kvpool.controller.clock.Clock`: ``wall()`` and ``monotonic()`` read
+    the same time, and ``await sleep(s)`` returns once :meth:`advance` has moved the time
+    ``s`` on. :meth:`step_wall` moves the wall clock alone (NTP stepping it back)."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
+        self.wall_offset = 0.0  # wall() - monotonic(), changed by step_wall
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
         return self.now
 
-    def advance(self, seconds: float) -> float:
-        """Move the time forward by ``seconds``; return the new time."""
-        self.now += seconds
+    def wall(self) -> float:
+        return self.now + self.wall_offset
+
+    def monotonic(self) -> float:
         return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.now + seconds, waiter))
+        await waiter
+
+    def sleeping(self) -> list[float]:
+        """When each pending ``sleep`` ends (monotonic seconds), soonest first."""
+        return sorted(due for due, waiter in self._sleepers if not waiter.done())
+
+    def advance(self, seconds: float) -> float:
+        """Move the time forward by ``seconds`` (waking the sleeps that end by then);
+        return the new time."""
+        self.now += seconds
+        due = [(at, w) for at, w in self._sleepers if at <= self.now]
+        self._sleepers = [(at, w) for at, w in self._sleepers if at > self.now]
+        for _, waiter in due:
+            if not waiter.done():
+                waiter.set_result(None)
+        return self.now
+
+    def step_wall(self, seconds: float) -> float:
+        """Step the wall clock alone by ``seconds`` (negative: back); return the wall time."""
+        self.wall_offset += seconds
+        return self.wall()
 
 
 def describe(predicate: Callable[..., object]) -> str:

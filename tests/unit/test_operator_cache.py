@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
+from kvpool.adapters.background import BackgroundTasks
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.cache import Cache, pod_view, secret_digests
 from kvpool.controller.coalescer import Coalescer
 from kvpool.domain.compile import PodView
 from tests.builders import standard_tierpolicy_manifest
+from tests.support.waiting import ManualClock
 
 
 def _b64(text: str) -> str:
@@ -140,3 +142,65 @@ async def test_a_failed_run_lets_the_next_request_run_again() -> None:
         await queue.request("a")
     await queue.request("a")
     assert calls == 2
+
+
+async def _settle() -> None:
+    """Let every task that can run now run (a few loop turns; nothing waits on time)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_request_after_runs_once_when_the_time_comes() -> None:
+    clock, runs = ManualClock(0.0), []
+
+    async def work(key: str) -> None:
+        runs.append((key, clock.monotonic()))
+
+    queue = Coalescer(work, clock=clock)
+    queue.request_after("a", 2.0)
+    queue.request_after("a", 5.0)  # later than the one pending: changes nothing
+    await _settle()
+    clock.advance(1.9)
+    await _settle()
+    assert runs == [], f"ran {runs} before its 2 s"
+    clock.advance(0.1)
+    await _settle()
+    clock.advance(10.0)
+    await _settle()
+    assert runs == [("a", 2.0)], f"expected one run at 2 s, got {runs}"
+    assert queue.delayed("a") is None
+
+
+async def test_an_earlier_request_after_replaces_the_pending_one() -> None:
+    clock, runs = ManualClock(0.0), []
+
+    async def work(key: str) -> None:
+        runs.append(clock.monotonic())
+
+    queue = Coalescer(work, clock=clock)
+    queue.request_after("a", 10.0)
+    queue.request_after("a", 1.0)
+    assert queue.delayed("a") == 1.0
+    await _settle()
+    clock.advance(1.0)
+    await _settle()
+    clock.advance(20.0)
+    await _settle()
+    assert runs == [1.0], f"expected one run at 1 s (the 10 s one cancelled), got {runs}"
+
+
+async def test_a_failed_delayed_request_is_counted_under_its_label() -> None:
+    failed: list[str] = []
+    clock = ManualClock(0.0)
+
+    async def work(key: str) -> None:
+        raise RuntimeError("API down")
+
+    queue = Coalescer(work, clock=clock, tasks=BackgroundTasks(failed.append), label="requeue")
+    queue.request_after("a", 1.0)
+    await _settle()
+    clock.advance(1.0)
+    await _settle()
+    assert failed == ["requeue"]
+    queue.request_after("a", 1.0)  # a failure leaves no pending entry behind
+    assert queue.delayed("a") == 2.0

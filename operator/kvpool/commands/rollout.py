@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpool.adapters import kube
+from kvpool.domain.manifests import ANNOTATION_ROLLOUT
+from kvpool.domain.rollout.machine import ACTIONS
 
-ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
-VERBS = ("status", "promote", "abort", "resume", "pause")
+VERBS = ("status", *ACTIONS)  # show the rollout, or one of the actions the operator handles
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -34,16 +34,12 @@ from typing import Any
 
 import kopf
 
-from kvpool.controller.cache import fill_cache
-from kvpool.controller.context import Operator
-from kvpool.controller.leader import LeaderElector
-from kvpool.controller.pool import cleanup_pool
-from kvpool.controller.watches import start_watches
+from kvpool.api.common import GROUP, VERSION
+from kvpool.controller.wiring import Operator
 from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, LABEL_TRACK, MANAGED_BY
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION = "kvpool.dev", "v1alpha1"
 FINALIZER = "kvpool.dev/operator"
 # The engine Deployments the operator renders (build_labels), and no other Deployment.
 ENGINE_DEPLOYMENT_SELECTOR = f"{LABEL_POOL},{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -85,20 +81,16 @@ def _event(kw: Mapping[str, Any]) -> tuple[str, str, Any]:
     return kw["namespace"] or "default", kw["name"], body
 
 
-async def _started_leading(op: Operator) -> None:
-    op.metrics.leader.set(1)
-    await op.resync()
-
-
 def build_registry(op: Operator) -> kopf.OperatorRegistry:
-    """All handlers of the operator, bound to one :class:`Operator`."""
+    """All handlers of the operator, bound to one :class:`~kvpool.controller.wiring.Operator`."""
     registry = kopf.OperatorRegistry()
     seen = Fingerprints()
-    cfg = op.config
+    state = op.state
+    cfg, cache = state.config, state.cache
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        conn = op.kube.conn
+        conn = state.kube.conn
         token = conn.token_file.read_text().strip() if conn.token_file else conn.token
         return kopf.ConnectionInfo(
             server=conn.server,
@@ -122,43 +114,23 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.watching.label_selectors["apps", "deployments"] = ENGINE_DEPLOYMENT_SELECTOR
         settings.networking.request_timeout = 30
-        await fill_cache(op.cache, op.kube, cfg.namespaces)
-        await start_watches(op, cfg.namespaces)
-        if cfg.leader_election:
-            op.leader = LeaderElector(
-                client=op.kube,
-                namespace=cfg.lease_namespace,
-                name=cfg.lease_name,
-                identity=cfg.identity,
-                duration=cfg.lease_duration,
-                on_started=lambda: _started_leading(op),
-                on_stopped=lambda: op.metrics.leader.set(0),
-            )
-            op.spawn(op.leader.run())
-        else:
-            op.metrics.leader.set(1)
+        await op.start()
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
-        if op.leader is not None:
-            await op.leader.release()
-        for task in list(op.background):
-            task.cancel()
-        await op.kube.close()
+        await op.stop()
 
     @kopf.on.probe(id="metrics", registry=registry)
     def probe(**_: Any) -> dict[str, Any]:
-        return {"prometheus": cfg.prometheus_url, "lastSnapshot": op.snapshots.last_success}
+        return {"prometheus": cfg.prometheus_url, "lastSnapshot": state.snapshots.last_success}
 
     @kopf.on.event(GROUP, VERSION, "modelpools", id="pool_event", registry=registry)
     async def pool_event(**kw: Any) -> None:
         ns, name, body = _event(kw)
-        op.cache.put_pool((ns, name), body)
+        cache.put_pool((ns, name), body)
         if body is None:
             seen.forget("pool", ns, name)
-            if op.leading:
-                await cleanup_pool(op, ns, name)
-            await op.publisher.request(ns)
+            await op.pool_deleted(ns, name)
         elif seen.changed("pool", ns, name, _essence(kw["meta"])):
             try:
                 await op.pools.request((ns, name))
@@ -180,10 +152,10 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, "tierpolicies", id="policy_event", registry=registry)
     async def policy_event(**kw: Any) -> None:
         ns, name, body = _event(kw)
-        op.cache.put_policy((ns, name), body)
+        cache.put_policy((ns, name), body)
         if not seen.changed("policy", ns, name, (*_essence(kw["meta"]), body is None)):
             return
-        for pool in list(op.cache.pools.get(ns, {}).values()):
+        for pool in list(cache.pools.get(ns, {}).values()):
             if ((pool.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name:
                 await op.pools.request((ns, pool["metadata"]["name"]))
         await op.publisher.request(ns)
@@ -191,7 +163,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, "tenantbudgets", id="budget_event", registry=registry)
     async def budget_event(**kw: Any) -> None:
         ns, name, body = _event(kw)
-        op.cache.put_budget((ns, name), body)
+        cache.put_budget((ns, name), body)
         if seen.changed("budget", ns, name, (*_essence(kw["meta"]), body is None)):
             await op.publisher.request(ns)
 
@@ -209,11 +181,11 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
             return
         ready = int((body.get("status") or {}).get("readyReplicas") or 0)
         pool = kw["labels"][LABEL_POOL]
-        known = op.statuses.get((ns, pool))
+        known = state.statuses.get((ns, pool))
         canary = kw["labels"].get(LABEL_TRACK) == "canary"
         counts = known.replicas if known is not None else None
         recorded = (counts.canary if canary else counts.ready) if counts is not None else None
-        if recorded is not None and recorded != ready and op.cache.pools.get(ns, {}).get(pool):
+        if recorded is not None and recorded != ready and cache.pools.get(ns, {}).get(pool):
             await op.pools.request((ns, pool))  # readiness changed since the last status
 
     return registry

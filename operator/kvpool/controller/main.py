@@ -130,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
 
     from kvpool.adapters.kube import KubeClient, load_connection
     from kvpool.adapters.prometheus import SnapshotCache
-    from kvpool.controller.context import Operator
     from kvpool.controller.handlers import build_registry
     from kvpool.controller.metrics import OperatorMetrics
+    from kvpool.controller.state import OperatorState
+    from kvpool.controller.wiring import Operator
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # per-handler chatter
     config = build_config(args)
-    op = Operator(
+    state = OperatorState(
         config=config,
         kube=KubeClient(load_connection(config.kubeconfig)),
         snapshots=SnapshotCache(
@@ -150,12 +151,12 @@ def run(args: argparse.Namespace) -> int:
         metrics=OperatorMetrics(),
     )
     if config.metrics_port:
-        op.metrics.serve(config.metrics_port, config.listen_host)
+        state.metrics.serve(config.metrics_port, config.listen_host)
     liveness = (
         f"http://{config.listen_host}:{config.health_port}/healthz" if config.health_port else None
     )
     kopf.run(
-        registry=build_registry(op),
+        registry=build_registry(Operator(state)),
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
         # with leader election, kopf peering is not needed (and not auto-detected)

@@ -8,7 +8,9 @@ the outcome in ``status`` and Events:
     observe pool + policy + metrics -> check (kvpool validate's checks, domain/validity)
     -> assess capacity -> plan -> decide warm replicas
     -> rollout (controller/rollout.py: canary children, status.rollout)
-    -> apply Deployment, Service, PDB -> status (+ Events) -> request a config publish
+    -> apply Deployment, Service, PDB -> status (+ Events)
+    -> PoolOutcome: the composition root (controller/wiring.py) then requests a config
+       publish of the namespace, and a recheck when the rollout wants one soon
 
 Fail-static: when Prometheus is unreachable or returns nothing, the last measurement is
 kept (so the plan is kept) and warm replicas never drop below the last count because
@@ -22,26 +24,29 @@ so an operator killed mid-reconcile and restarted converges without duplicates.
 
 from __future__ import annotations
 
-import asyncio
-import datetime
 import logging
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.cache import check_object
-from kvpool.controller.clock import utc_now
+from kvpool.controller.clock import rfc3339, utc
 from kvpool.controller.observe import (
     checked_objects,
     observe_metrics,
     observe_policy,
     prior_status,
-    static_endpoints,
 )
-from kvpool.controller.rollout import reconcile_rollout, scale_stable, stable_revision_of
+from kvpool.controller.rollout import (
+    StableTrack,
+    reconcile_rollout,
+    scale_stable,
+    stable_revision_of,
+)
+from kvpool.controller.state import OperatorState, PoolKey
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import parse_static_endpoints
 from kvpool.domain.measurement import assess_capacity, decide_pool_warm_replicas
@@ -58,9 +63,6 @@ from kvpool.domain.rollout.machine import to_rfc3339
 from kvpool.domain.rollout.status import build_rollout_status
 from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 
-if TYPE_CHECKING:
-    from kvpool.controller.context import Operator
-
 log = logging.getLogger(__name__)
 
 EVENT_DRIFT = "DriftRestored"  # a child's owned fields were edited by hand and put back
@@ -68,47 +70,58 @@ EVENT_DRIFT = "DriftRestored"  # a child's owned fields were edited by hand and 
 Body = Mapping[str, Any]
 
 
-async def reconcile_pool(op: Operator, namespace: str, name: str) -> None:
+@dataclass(frozen=True)
+class PoolOutcome:
+    """What follows a pool reconcile (the composition root, :mod:`.wiring`, acts on it)."""
+
+    exists: bool  # False: the pool is gone (its children removed); else publish its namespace
+    recheck_after: float | None = None  # reconcile again this soon (a rollout waits)
+
+
+async def reconcile_pool(state: OperatorState, namespace: str, name: str) -> PoolOutcome:
     """observe -> check -> plan -> apply -> status for one pool (see the module docstring)."""
-    started = time.monotonic()
-    key = (namespace, name)
+    started = state.clock.monotonic()
+    metrics = state.metrics
     try:
-        body = await op.kube.get(kube.MODELPOOLS, namespace, name)
+        body = await state.kube.get(kube.MODELPOOLS, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            await cleanup_pool(op, namespace, name)
-            return
-        prior = prior_status(op, key, body)
-        verdict, pool, policy = await _assess(op, namespace, body)
+            await cleanup_pool(state, namespace, name)
+            return PoolOutcome(exists=False)
+        prior = prior_status(state.statuses, (namespace, name), body)
+        verdict, pool, policy = await _assess(state, namespace, body)
+        recheck = None
         if pool is not None and policy is not None:
-            await _plan_and_apply(op, body, pool, policy, prior)
+            recheck = await _plan_and_apply(state, body, pool, policy, prior)
         else:
             generation = (body.get("metadata") or {}).get("generation")
             status = build_blocked_status(
-                prior, generation, verdict.reason, verdict.message, utc_now()
+                prior, generation, verdict.reason, verdict.message, rfc3339(state.clock)
             )
-            op.metrics.plans.labels(verdict.reason).inc()
-            await write_status(op, body, prior, status)
-        op.metrics.reconciles.labels("ok").inc()
+            metrics.plans.labels(verdict.reason).inc()
+            await write_status(state, body, prior, status)
+        metrics.reconciles.labels("ok").inc()
     except Exception:
-        op.metrics.reconciles.labels("error").inc()
-        op.metrics.errors.labels("reconcile").inc()
+        metrics.reconciles.labels("error").inc()
+        metrics.errors.labels("reconcile").inc()
         raise
     finally:
-        op.metrics.reconcile_seconds.observe(time.monotonic() - started)
-    await op.publisher.request(namespace)
+        metrics.reconcile_seconds.observe(state.clock.monotonic() - started)
+    return PoolOutcome(exists=True, recheck_after=recheck)
 
 
 async def _assess(
-    op: Operator, namespace: str, body: Body
+    state: OperatorState, namespace: str, body: Body
 ) -> tuple[Verdict, ModelPool | None, TierPolicy | None]:
     """The checks of ``kvpool validate`` for this pool as read just now: its own, then
     against its TierPolicy and the served names of the namespace's other pools. The
     pool and policy are returned only when the verdict allows acting on them."""
+    cache = state.cache
     checked: Checked[ModelPool] = check_object(body)
     policy = None
     if checked.model is not None:
-        policy = await observe_policy(op, namespace, checked.model.spec.tier_policy_ref.name)
-    others = [p for p in checked_objects(op, op.cache.pools, namespace) if p.name != checked.name]
+        ref = checked.model.spec.tier_policy_ref.name
+        policy = await observe_policy(cache, state.kube, namespace, ref)
+    others = [p for p in checked_objects(cache, cache.pools, namespace) if p.name != checked.name]
     verdict = assess_pool(checked, policy, served_names([*others, checked]))
     if not verdict.valid or checked.model is None or policy is None or policy.model is None:
         return verdict, None, None
@@ -116,28 +129,33 @@ async def _assess(
 
 
 async def _plan_and_apply(
-    op: Operator, body: Body, pool: ModelPool, policy: TierPolicy, prior: ModelPoolStatus | None
-) -> None:
-    namespace, name = pool.metadata.namespace or "default", pool.metadata.name
-    moment = datetime.datetime.now(datetime.UTC)
+    state: OperatorState,
+    body: Body,
+    pool: ModelPool,
+    policy: TierPolicy,
+    prior: ModelPoolStatus | None,
+) -> float | None:
+    """Plan, apply the children and write the status; returns the rollout's recheck."""
+    key = (pool.metadata.namespace or "default", pool.metadata.name)
+    moment = utc(state.clock)
     now, spec_revision = to_rfc3339(moment), revision_of(pool.spec)
     # capacity is planned on the revision stable runs (a canary is planned on its own)
     revision = stable_revision_of(prior, spec_revision)
-    metrics, metrics_message, readings, load = await observe_metrics(op, namespace, name, revision)
+    observed = await observe_metrics(state.snapshots, state.metrics, state.clock, key, revision)
     declared = pool.spec.capacity.kv_tokens_per_replica
     previous = prior.capacity if prior is not None else None
-    assessment = assess_capacity(readings, metrics, previous, revision, declared, now)
-    plan = plan_pool(pool, policy, assessment.kv_tokens)
-    warm = decide_pool_warm_replicas(pool, plan, prior, metrics)
-    op.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
-    op.metrics.warm_replicas.labels(namespace, name).set(warm)
-
-    rollout = await reconcile_rollout(
-        op, pool, policy, prior, spec_revision, assessment.kv_tokens, warm, moment
+    assessment = assess_capacity(
+        observed.readings, observed.state, previous, revision, declared, now
     )
-    pin = rollout.actions.pin_stable
-    deployment = await _apply_children(op, body, pool, spec_revision, warm, pin)
-    static = static_endpoints(op, pool)
+    plan = plan_pool(pool, policy, assessment.kv_tokens)
+    warm = decide_pool_warm_replicas(pool, plan, prior, observed.state)
+    state.metrics.plans.labels("Planned" if isinstance(plan, PoolPlan) else plan.reason).inc()
+    state.metrics.warm_replicas.labels(*key).set(warm)
+
+    stable = StableTrack(spec_revision, assessment.kv_tokens, warm)
+    rollout = await reconcile_rollout(state, pool, policy, prior, stable, moment)
+    deployment = await _apply_children(state, body, pool, stable, rollout.actions.pin_stable)
+    static = state.static.of(pool)
     ready = (
         len(parse_static_endpoints(static))
         if static
@@ -150,9 +168,9 @@ async def _plan_and_apply(
         plan=plan,
         warm_replicas=warm,
         ready_replicas=ready,
-        metrics=metrics,
-        metrics_message=metrics_message,
-        load=keep_load_time(load, prior),
+        metrics=observed.state,
+        metrics_message=observed.message,
+        load=keep_load_time(observed.load, prior),
         now=now,
         tokenizer_path=pool.spec.model.tokenizer_path,
     )
@@ -160,13 +178,14 @@ async def _plan_and_apply(
     status = build_rollout_status(
         status, rollout.status, rollout.canary_ready, pool.metadata.generation, now
     )
-    await write_status(op, body, prior, status, assessment)
+    await write_status(state, body, prior, status, assessment)
     for event in rollout.decision.events:
-        await kube.create_event(op.kube, body, event.type, event.reason, event.message, now)
+        await kube.create_event(state.kube, body, event.type, event.reason, event.message, now)
+    return rollout.recheck_after
 
 
 async def _apply_children(
-    op: Operator, body: Body, pool: ModelPool, revision: str, warm: int, pin: bool
+    state: OperatorState, body: Body, pool: ModelPool, stable: StableTrack, pin: bool
 ) -> kube.JsonObject:
     """Deployment, Service and PDB of the stable track; returns the Deployment. A child
     whose owned fields were edited by hand is restored, with a Warning Event saying so.
@@ -174,33 +193,34 @@ async def _apply_children(
     While a rollout pins stable (``pin``), its Deployment is only scaled: the spec now
     defines the canary's revision, and the stable template must stay as it is.
     """
+    client, warm = state.kube, stable.warm_replicas
     restored: list[str] = []
     if pin:
-        deployment = await scale_stable(op, pool, warm)
+        deployment = await scale_stable(client, pool, warm)
     else:
-        deployment, action = await kube.apply_deployment(
-            op.kube, m.build_deployment(pool, revision, warm, "stable")
-        )
+        desired = m.build_deployment(pool, stable.spec_revision, warm, "stable")
+        deployment, action = await kube.apply_deployment(client, desired)
         restored += ["Deployment"] if action == "restored" else []
-    await _testing_pause(op)
-    _, action = await kube.apply_service(op.kube, m.build_service(pool, "stable"))
+    await _testing_pause(state)
+    _, action = await kube.apply_service(client, m.build_service(pool, "stable"))
     restored += ["Service"] if action == "restored" else []
-    await _testing_pause(op)
-    _, action = await kube.apply_pdb(op.kube, m.build_pdb(pool, warm))
+    await _testing_pause(state)
+    _, action = await kube.apply_pdb(client, m.build_pdb(pool, warm))
     restored += ["PodDisruptionBudget"] if action == "restored" else []
     if restored:
         message = f"restored fields kvpool owns, edited outside kvpool: {', '.join(restored)}"
-        await kube.create_event(op.kube, body, "Warning", EVENT_DRIFT, message, utc_now())
+        now = rfc3339(state.clock)
+        await kube.create_event(client, body, "Warning", EVENT_DRIFT, message, now)
     return deployment
 
 
-async def _testing_pause(op: Operator) -> None:
-    if op.config.apply_delay > 0:
-        await asyncio.sleep(op.config.apply_delay)
+async def _testing_pause(state: OperatorState) -> None:
+    if state.config.apply_delay > 0:
+        await state.clock.sleep(state.config.apply_delay)
 
 
 async def write_status(
-    op: Operator,
+    state: OperatorState,
     body: Body,
     prior: ModelPoolStatus | None,
     status: ModelPoolStatus,
@@ -208,26 +228,25 @@ async def write_status(
 ) -> None:
     """Patch ``status`` when it changed, remember it, and emit the Events it implies."""
     meta = body["metadata"]
-    key = (meta.get("namespace") or "default", meta["name"])
+    key: PoolKey = (meta.get("namespace") or "default", meta["name"])
     if prior is None or prior.to_wire() != status.to_wire():
         wire = status.to_wire()
         if status.rollout is not None:
             # explicit nulls: a merge-patch removes a rollout field only when sent as null
             # (never inside list items: canaryPlan.tiers, gates; lists are replaced whole)
             wire["rollout"] = status.rollout.to_merge_patch()
-        await kube.apply_status(op.kube, kube.MODELPOOLS, key[0], key[1], wire)
+        await kube.apply_status(state.kube, kube.MODELPOOLS, *key, wire)
         for event in plan_events(prior, status, assessment):
-            await kube.create_event(
-                op.kube, body, event.type, event.reason, event.message, utc_now()
-            )
-    op.statuses[key] = status  # only once written: a failed write is retried next time
-    op.metrics.record_conditions(*key, ((k.type, k.status) for k in status.conditions))
+            now = rfc3339(state.clock)
+            await kube.create_event(state.kube, body, event.type, event.reason, event.message, now)
+    state.statuses[key] = status  # only once written: a failed write is retried next time
+    state.metrics.record_conditions(*key, ((k.type, k.status) for k in status.conditions))
 
 
-async def cleanup_pool(op: Operator, namespace: str, name: str) -> None:
+async def cleanup_pool(state: OperatorState, namespace: str, name: str) -> None:
     """Remove a deleted pool's children (ownerReferences do this in a real cluster)."""
-    deleted = await kube.delete_children(op.kube, namespace, name)
-    op.statuses.pop((namespace, name), None)
-    op.metrics.forget_pool(namespace, name)
+    deleted = await kube.delete_children(state.kube, namespace, name)
+    state.statuses.pop((namespace, name), None)
+    state.metrics.forget_pool(namespace, name)
     if deleted:
         log.info("pool %s/%s deleted: removed %d children", namespace, name, deleted)

@@ -23,28 +23,30 @@ Local mode (no pods: the API emulator, a laptop): the ModelPool annotation
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, get_args
 
 from kvpool.adapters import kube
 from kvpool.adapters.prometheus import (
     MetricsSnapshot,
     PrometheusUnavailable,
+    SnapshotCache,
     TrackWindow,
     analysis_window_seconds,
     fetch_track_in_flight_async,
     fetch_track_windows_async,
 )
 from kvpool.api.admission_config import Endpoint
-from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutStatus
+from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutPhase, RolloutStatus
 from kvpool.api.tierpolicy import TierPolicy
-from kvpool.controller.observe import static_endpoints
+from kvpool.controller.config import OperatorConfig
+from kvpool.controller.metrics import OperatorMetrics
+from kvpool.controller.state import OperatorState
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import CanaryInput, PodView, build_endpoints, parse_static_endpoints
 from kvpool.domain.rollout.gates import TrackSample
@@ -67,24 +69,28 @@ from kvpool.domain.rollout.machine import (
 )
 from kvpool.domain.rollout.track_plan import plan_canary
 
-if TYPE_CHECKING:
-    from kvpool.controller.context import Operator
-
 log = logging.getLogger(__name__)
 
-ANNOTATION_ROLLOUT = "kvpool.dev/rollout"
-ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"
-PHASES = ("Idle", "Progressing", "Paused", "Promoted", "Aborted")
-_RECHECKS: set[tuple[str, str]] = set()  # pools with a recheck scheduled (this process)
 ANALYSIS_SLACK_SECONDS = 0.2  # reconcile this long after an analysis falls due
 
 
 @dataclass(frozen=True)
+class StableTrack:
+    """What the pool reconciler knows of the stable track when the rollout is decided."""
+
+    spec_revision: str  # the revision the spec defines now (the canary's, during a rollout)
+    kv_tokens: int | None  # measured (or declared) KV tokens per stable replica
+    warm_replicas: int  # stable's warm replicas (the plan)
+
+
+@dataclass(frozen=True)
 class RolloutOutcome:
-    """What the pool reconciler needs back: the new status, the children, the Events."""
+    """What the pool reconciler needs back: the new status, the children, the Events, and
+    when to reconcile again without waiting for the next ``--measure-interval`` tick."""
 
     decision: RolloutDecision
     canary_ready: int
+    recheck_after: float | None = None  # seconds (None: the timer's ticks are enough)
 
     @property
     def status(self) -> RolloutStatus:
@@ -105,35 +111,39 @@ def stable_revision_of(prior: ModelPoolStatus | None, spec_revision: str) -> str
     return spec_revision
 
 
-def _seed(prior: ModelPoolStatus | None, spec_revision: str) -> RolloutStatus | None:
+def _seed(prior: ModelPoolStatus | None, spec_revision: str) -> RolloutStatus:
     if prior is not None and prior.rollout is not None:
         return prior.rollout
     return RolloutStatus(phase="Idle", stable_revision=stable_revision_of(prior, spec_revision))
-
-
-async def _canary_deployment(op: Operator, pool: ModelPool) -> kube.JsonObject | None:
-    name = m.child_name(pool.metadata.name, "canary")
-    return await op.kube.get(kube.DEPLOYMENTS, pool.metadata.namespace or "default", name)
 
 
 def _ready(deployment: Mapping[str, Any] | None) -> int:
     return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
-async def _unschedulable(op: Operator, pool: ModelPool) -> bool:
-    """Whether a canary pod is Pending with PodScheduled=False/Unschedulable."""
-    pods = await op.kube.list_objects(
-        kube.PODS,
-        pool.metadata.namespace or "default",
-        {m.LABEL_POOL: pool.metadata.name, m.LABEL_TRACK: "canary"},
+async def _canary_ready(
+    client: kube.KubeClient, pool: ModelPool, wanted: int, static: str | None
+) -> tuple[int, bool]:
+    """Ready canary replicas (local mode: the static endpoints), and - while fewer than
+    ``wanted`` are - whether a canary pod is Pending with PodScheduled=False/Unschedulable."""
+    if static:
+        return len(parse_static_endpoints(static)), False
+    namespace = pool.metadata.namespace or "default"
+    name = m.child_name(pool.metadata.name, "canary")
+    ready = _ready(await client.get(kube.DEPLOYMENTS, namespace, name))
+    if ready >= wanted:
+        return ready, False
+    pods = await client.list_objects(
+        kube.PODS, namespace, {m.LABEL_POOL: pool.metadata.name, m.LABEL_TRACK: "canary"}
     )
-    return any(
+    unschedulable = any(
         cond.get("type") == "PodScheduled"
         and cond.get("status") == "False"
         and cond.get("reason") == "Unschedulable"
         for pod in pods
         for cond in (pod.get("status") or {}).get("conditions") or []
     )
+    return ready, unschedulable
 
 
 def _min_kv(snapshot: object, namespace: str, pool: str, revision: str | None) -> int | None:
@@ -168,10 +178,10 @@ def build_window_analysis(stable: TrackWindow | None, canary: TrackWindow | None
 
 
 async def _analysis(
-    op: Operator, pool: ModelPool, prior: RolloutStatus | None, now: datetime.datetime
+    snapshots: SnapshotCache, pool: ModelPool, prior: RolloutStatus, now: datetime.datetime
 ) -> tuple[WindowAnalysis | None, int | None]:
     """The window analysis when a step is analysing, and stable's in-flight when draining."""
-    if prior is None or prior.phase != PROGRESSING or prior.canary_revision is None:
+    if prior.phase != PROGRESSING or prior.canary_revision is None:
         return None, None
     if prior.stage not in (ANALYZING, DRAINING):
         return None, None
@@ -184,7 +194,7 @@ async def _analysis(
     window = analysis_window_seconds((now - started).total_seconds())
     stable_rev, canary_rev = prior.stable_revision or "", prior.canary_revision
     windows = await fetch_track_windows_async(
-        op.snapshots,
+        snapshots,
         pool.metadata.namespace or "default",
         pool.metadata.name,
         (stable_rev, canary_rev),
@@ -203,21 +213,23 @@ async def _analysis(
 
 
 async def _canary_in_flight(
-    op: Operator, pool: ModelPool, prior: RolloutStatus | None
+    snapshots: SnapshotCache, pool: ModelPool, prior: RolloutStatus
 ) -> int | None:
     """Requests still on the canary track while it drains (None: unknown)."""
-    if prior is None or prior.phase != PROGRESSING or prior.stage != DRAINING_CANARY:
+    if prior.phase != PROGRESSING or prior.stage != DRAINING_CANARY:
         return None
     value = await fetch_track_in_flight_async(
-        op.snapshots, pool.metadata.namespace or "default", pool.metadata.name, "canary"
+        snapshots, pool.metadata.namespace or "default", pool.metadata.name, "canary"
     )
     return int(value) if isinstance(value, float) else None
 
 
-async def _stable_updated(op: Operator, pool: ModelPool, revision: str, warm: int) -> bool:
+async def _stable_updated(
+    client: kube.KubeClient, pool: ModelPool, revision: str, warm: int
+) -> bool:
     """Whether the stable Deployment runs ``revision`` and is ready (local mode: labelled)."""
     name = m.child_name(pool.metadata.name, "stable")
-    body = await op.kube.get(kube.DEPLOYMENTS, pool.metadata.namespace or "default", name)
+    body = await client.get(kube.DEPLOYMENTS, pool.metadata.namespace or "default", name)
     if body is None:
         return False
     labels = (body.get("metadata") or {}).get("labels") or {}
@@ -234,96 +246,97 @@ async def _stable_updated(op: Operator, pool: ModelPool, revision: str, warm: in
     )
 
 
-async def reconcile_rollout(
-    op: Operator,
+async def _observe(
+    state: OperatorState,
     pool: ModelPool,
-    policy: TierPolicy,
-    prior: ModelPoolStatus | None,
-    spec_revision: str,
-    stable_kv: int | None,
-    warm: int,
+    before: RolloutStatus,
+    stable: StableTrack,
     now: datetime.datetime,
-) -> RolloutOutcome:
-    """Observe, decide and apply the canary side of a pool's rollout."""
-    namespace, name = pool.metadata.namespace or "default", pool.metadata.name
-    before = _seed(prior, spec_revision)
-    active = before is not None and before.canary_revision is not None
-    static = static_endpoints(op, pool, ANNOTATION_CANARY_STATIC_ENDPOINTS)
+) -> RolloutObservation:
+    """What :func:`decide_rollout` needs: both tracks' readiness, KV and window figures."""
+    key = (pool.metadata.namespace or "default", pool.metadata.name)
+    progressing = before.phase == PROGRESSING
     canary_ready, unschedulable = 0, False
-    if active and before is not None and before.canary_replicas > 0:
-        if static:
-            canary_ready = len(parse_static_endpoints(static))
-        else:
-            canary_ready = _ready(await _canary_deployment(op, pool))
-            unschedulable = canary_ready < before.canary_replicas and await _unschedulable(op, pool)
-    recheck = op.config.rollout_recheck
-    waiting = before is not None and before.phase == PROGRESSING and before.stage == STARTING
-    snapshot = await op.snapshots.get(max_age=recheck / 2 if waiting and recheck > 0 else None)
-    analysis, in_flight = await _analysis(op, pool, before, now)
-    replacing = before is not None and before.phase == PROGRESSING and before.stage == REPLACING
-    observation = RolloutObservation(
-        revision=spec_revision,
-        warm_replicas=warm,
+    if before.canary_revision is not None and before.canary_replicas > 0:
+        static = state.static.of(pool, m.ANNOTATION_CANARY_STATIC_ENDPOINTS)
+        canary_ready, unschedulable = await _canary_ready(
+            state.kube, pool, before.canary_replicas, static
+        )
+    recheck = state.config.rollout_recheck
+    waiting = progressing and before.stage == STARTING and recheck > 0
+    snapshot = await state.snapshots.get(max_age=recheck / 2 if waiting else None)
+    analysis, in_flight = await _analysis(state.snapshots, pool, before, now)
+    replacing = progressing and before.stage == REPLACING
+    return RolloutObservation(
+        revision=stable.spec_revision,
+        warm_replicas=stable.warm_replicas,
         canary_ready=canary_ready,
-        stable_kv=stable_kv,
-        canary_kv=_min_kv(snapshot, namespace, name, before.canary_revision if before else None),
+        stable_kv=stable.kv_tokens,
+        canary_kv=_min_kv(snapshot, *key, before.canary_revision),
         canary_unschedulable=unschedulable,
         analysis=analysis,
         stable_in_flight=in_flight,
-        stable_updated=replacing and await _stable_updated(op, pool, spec_revision, warm),
-        action=pool.metadata.annotations.get(ANNOTATION_ROLLOUT),
+        stable_updated=replacing
+        and await _stable_updated(state.kube, pool, stable.spec_revision, stable.warm_replicas),
+        action=pool.metadata.annotations.get(m.ANNOTATION_ROLLOUT),
         now=now,
-        canary_in_flight=await _canary_in_flight(op, pool, before),
+        canary_in_flight=await _canary_in_flight(state.snapshots, pool, before),
     )
+
+
+async def reconcile_rollout(
+    state: OperatorState,
+    pool: ModelPool,
+    policy: TierPolicy,
+    prior: ModelPoolStatus | None,
+    stable: StableTrack,
+    now: datetime.datetime,
+) -> RolloutOutcome:
+    """Observe, decide and apply the canary side of a pool's rollout."""
+    before = _seed(prior, stable.spec_revision)
+    observation = await _observe(state, pool, before, stable, now)
     decision = decide_rollout(pool.spec.rollout, before, observation)
     status = _with_canary_plan(decision.status, pool, policy, decision.actions, observation)
-    events = decision.events
-    was_short = before is not None and before.capacity_short_after_promotion
-    if status.capacity_short_after_promotion and not was_short:
-        events += (
-            RolloutEvent(
-                "Warning",
-                "CapacityShortAfterPromotion",
-                f"promoting {status.canary_revision} leaves the pool capacity short: "
-                + "; ".join(status.canary_plan.warnings if status.canary_plan else []),
-            ),
-        )
+    events = decision.events + _capacity_short_events(before, status)
     decision = RolloutDecision(status, decision.actions, events)
-    await apply_canary(op, pool, spec_revision, decision.actions)
-    _export(op, namespace, name, status)
-    ready = canary_ready if decision.actions.canary_replicas > 0 else 0
-    if status.phase == PROGRESSING and status.stage == STARTING and recheck > 0:
-        _recheck_soon(op, namespace, name, recheck)
+    await apply_canary(state.kube, pool, stable.spec_revision, decision.actions)
+    export_rollout(state.metrics, pool.metadata.namespace or "default", pool.metadata.name, status)
+    ready = observation.canary_ready if decision.actions.canary_replicas > 0 else 0
+    recheck = recheck_after(pool, status, now, state.config)
+    return RolloutOutcome(decision=decision, canary_ready=ready, recheck_after=recheck)
+
+
+def _capacity_short_events(
+    before: RolloutStatus, status: RolloutStatus
+) -> tuple[RolloutEvent, ...]:
+    """A Warning when promoting the canary would newly leave the pool capacity short."""
+    if not status.capacity_short_after_promotion or before.capacity_short_after_promotion:
+        return ()
+    warnings = status.canary_plan.warnings if status.canary_plan else []
+    message = f"promoting {status.canary_revision} leaves the pool capacity short: " + "; ".join(
+        warnings
+    )
+    return (RolloutEvent("Warning", "CapacityShortAfterPromotion", message),)
+
+
+def recheck_after(
+    pool: ModelPool, status: RolloutStatus, now: datetime.datetime, config: OperatorConfig
+) -> float | None:
+    """Seconds until the rollout wants another reconcile, sooner than the next
+    ``--measure-interval`` tick: while the KV gate waits for the canary's first measurement
+    (every ``rollout_recheck``), and when a step's next analysis falls due (a tick-only
+    operator skips a tick that comes just under analysisInterval after the last analysis,
+    and waits a whole tick more). None: the ticks are enough (or rechecks are off)."""
+    recheck = config.rollout_recheck
+    if recheck <= 0:
+        return None
+    wanted: list[float] = []
+    if status.phase == PROGRESSING and status.stage == STARTING:
+        wanted.append(recheck)
     due = seconds_to_next_analysis(pool.spec.rollout, status, now)
-    if due is not None and recheck > 0:
-        # the next analysis when it is due (a tick-only operator skips a tick that comes
-        # just under analysisInterval after the last analysis, and waits a whole tick more)
-        _recheck_soon(op, namespace, name, max(due + ANALYSIS_SLACK_SECONDS, recheck / 4))
-    return RolloutOutcome(decision=decision, canary_ready=ready)
-
-
-def _recheck_soon(op: Operator, namespace: str, name: str, seconds: float) -> None:
-    """Reconcile again shortly while the KV gate waits for the canary's first measurement,
-    or when a step's next analysis falls due: verdicts must not wait for the next
-    --measure-interval tick."""
-    key = (namespace, name)
-    if key in _RECHECKS:
-        return
-
-    async def later() -> None:
-        try:
-            await asyncio.sleep(min(seconds, op.config.measure_interval))
-        finally:
-            _RECHECKS.discard(key)
-        try:
-            await op.pools.request(key)
-        except Exception as exc:  # the next timer tick retries
-            log.warning("rollout recheck of %s/%s failed: %r", namespace, name, exc)
-
-    _RECHECKS.add(key)
-    task = asyncio.create_task(later())
-    op.background.add(task)
-    task.add_done_callback(op.background.discard)
+    if due is not None:
+        wanted.append(max(due + ANALYSIS_SLACK_SECONDS, recheck / 4))
+    return min(*wanted, config.measure_interval) if wanted else None
 
 
 def _with_canary_plan(
@@ -354,27 +367,27 @@ def _with_canary_plan(
 
 
 async def apply_canary(
-    op: Operator, pool: ModelPool, revision: str, actions: RolloutActions
+    client: kube.KubeClient, pool: ModelPool, revision: str, actions: RolloutActions
 ) -> None:
     """The ``<pool>-canary`` Deployment and Service, or their removal."""
     namespace = pool.metadata.namespace or "default"
     name = m.child_name(pool.metadata.name, "canary")
     if actions.canary_revision is None:
         for resource in (kube.DEPLOYMENTS, kube.SERVICES):
-            if await op.kube.get(resource, namespace, name) is not None:
-                await op.kube.delete(resource, namespace, name)
+            if await client.get(resource, namespace, name) is not None:
+                await client.delete(resource, namespace, name)
         return
     await kube.apply_deployment(
-        op.kube, m.build_deployment(pool, revision, actions.canary_replicas, "canary")
+        client, m.build_deployment(pool, revision, actions.canary_replicas, "canary")
     )
-    await kube.apply_service(op.kube, m.build_service(pool, "canary"))
+    await kube.apply_service(client, m.build_service(pool, "canary"))
 
 
-async def scale_stable(op: Operator, pool: ModelPool, replicas: int) -> kube.JsonObject:
+async def scale_stable(client: kube.KubeClient, pool: ModelPool, replicas: int) -> kube.JsonObject:
     """Scale the pinned stable Deployment (its template is left as it is)."""
     namespace = pool.metadata.namespace or "default"
     name = m.child_name(pool.metadata.name, "stable")
-    current = await op.kube.get(kube.DEPLOYMENTS, namespace, name)
+    current = await client.get(kube.DEPLOYMENTS, namespace, name)
     if current is None:
         log.warning(
             "pool %s/%s: the stable Deployment is missing during a rollout", namespace, name
@@ -382,7 +395,7 @@ async def scale_stable(op: Operator, pool: ModelPool, replicas: int) -> kube.Jso
         return {}
     if (current.get("spec") or {}).get("replicas") == replicas:
         return current
-    patched = await op.kube.merge_patch(
+    patched = await client.merge_patch(
         kube.DEPLOYMENTS, namespace, name, {"spec": {"replicas": replicas}}
     )
     return patched or current
@@ -393,7 +406,7 @@ def build_canary_input(
 ) -> CanaryInput | None:
     """The canary track of the compiled config, from ``status.rollout`` and its endpoints
     (canary pods, or ``static``: the ``kvpool.dev/canary-static-endpoints`` annotation as
-    honoured in local mode, :func:`~kvpool.controller.observe.static_endpoints`)."""
+    honoured in local mode, :class:`~kvpool.controller.local_mode.StaticEndpoints`)."""
     rollout = status.rollout if status is not None else None
     if rollout is None or rollout.canary_revision is None:
         return None
@@ -413,12 +426,13 @@ def build_canary_input(
     )
 
 
-def _export(op: Operator, namespace: str, pool: str, status: RolloutStatus) -> None:
-    for phase in PHASES:
-        op.metrics.rollout_phase.labels(namespace, pool, phase).set(
-            1 if status.phase == phase else 0
-        )
+def export_rollout(
+    metrics: OperatorMetrics, namespace: str, pool: str, status: RolloutStatus
+) -> None:
+    """The rollout's phase (1 for the current one) and its gates' last figures as gauges."""
+    for phase in get_args(RolloutPhase):
+        metrics.rollout_phase.labels(namespace, pool, phase).set(1 if status.phase == phase else 0)
     for gate in status.gates:
         for track, value in (("stable", gate.stable), ("canary", gate.canary)):
             if value is not None:
-                op.metrics.rollout_gate_value.labels(namespace, pool, gate.gate, track).set(value)
+                metrics.rollout_gate_value.labels(namespace, pool, gate.gate, track).set(value)

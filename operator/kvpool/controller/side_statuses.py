@@ -11,7 +11,7 @@ was last written, posts a Warning Event when an object becomes invalid, and keep
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 
@@ -19,8 +19,10 @@ from kvpool.adapters import kube
 from kvpool.api.common import Condition
 from kvpool.api.tenantbudget import TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
-from kvpool.controller.clock import utc_now
+from kvpool.controller.cache import Cache
+from kvpool.controller.clock import rfc3339
 from kvpool.controller.observe import assess_cached_namespace
+from kvpool.controller.state import OperatorState
 from kvpool.domain.pool_status import (
     FINALIZER_IN_USE,
     build_budget_status,
@@ -29,34 +31,37 @@ from kvpool.domain.pool_status import (
 )
 from kvpool.domain.validity import NamespaceVerdicts
 
-if TYPE_CHECKING:
-    from kvpool.controller.context import Operator
-
 Body = Mapping[str, Any]
 
 
-async def apply_side_statuses(op: Operator, namespace: str) -> None:
+async def apply_side_statuses(state: OperatorState, namespace: str) -> None:
     """TierPolicy and TenantBudget statuses of a namespace (validity, pools using a policy,
     key resolved) and the in-use finalizer of each TierPolicy."""
-    verdicts = assess_cached_namespace(op, namespace)
-    await _apply_policy_statuses(op, namespace, verdicts)
-    await _apply_budget_statuses(op, namespace, verdicts)
+    verdicts = assess_cached_namespace(state.cache, namespace)
+    for body, users in _policy_users(state.cache, namespace):
+        await _apply_in_use_finalizer(state.kube, body, users)
+        status = _policy_status(body, users, verdicts, rfc3339(state.clock))
+        await _apply_aux_status(state, kube.TIERPOLICIES, body, status)
+    for body in list(state.cache.budgets.get(namespace, {}).values()):
+        status = _budget_status(state.cache, namespace, body, verdicts, rfc3339(state.clock))
+        await _apply_aux_status(state, kube.TENANTBUDGETS, body, status)
 
 
 async def _apply_aux_status(
-    op: Operator, resource: kube.Resource, body: Body, status: dict[str, Any]
+    state: OperatorState, resource: kube.Resource, body: Body, status: dict[str, Any]
 ) -> None:
     """Patch a TierPolicy/TenantBudget status unless it already says this; post a Warning
     Event when it enters (or changes within) a blocking reason such as InvalidSpec."""
     meta = body["metadata"]
     key = (resource.plural, meta.get("namespace") or "default", meta["name"])
-    if op.written.get(key) == status or body.get("status") == status:
+    if state.written.get(key) == status or body.get("status") == status:
         return
-    await kube.apply_status(op.kube, resource, key[1], key[2], status)
-    before = op.written.get(key) or body.get("status") or {}
-    op.written[key] = status
+    await kube.apply_status(state.kube, resource, key[1], key[2], status)
+    before = state.written.get(key) or body.get("status") or {}
+    state.written[key] = status
     for event in status_events(_conditions(before), _conditions(status)):
-        await kube.create_event(op.kube, body, event.type, event.reason, event.message, utc_now())
+        now = rfc3339(state.clock)
+        await kube.create_event(state.kube, body, event.type, event.reason, event.message, now)
 
 
 def _conditions(status: Mapping[str, Any]) -> list[Condition]:
@@ -66,35 +71,44 @@ def _conditions(status: Mapping[str, Any]) -> list[Condition]:
         return []
 
 
-async def _apply_policy_statuses(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> None:
+def _policy_users(cache: Cache, namespace: str) -> list[tuple[Body, list[str]]]:
+    """Each TierPolicy of the namespace with the ModelPools (not being deleted) using it."""
     pools = [
         p
-        for p in list(op.cache.pools.get(namespace, {}).values())
+        for p in list(cache.pools.get(namespace, {}).values())
         if not (p.get("metadata") or {}).get("deletionTimestamp")
     ]
-    for body in list(op.cache.policies.get(namespace, {}).values()):
-        meta = body["metadata"]
-        name = meta["name"]
-        users = [
-            p["metadata"]["name"]
-            for p in pools
-            if ((p.get("spec") or {}).get("tierPolicyRef") or {}).get("name") == name
-        ]
-        await _apply_in_use_finalizer(op, body, users)
-        deleting = bool(meta.get("deletionTimestamp"))
-        prior = _parse_or_none(TierPolicyStatus, body.get("status"))
-        status = build_policy_status(
-            prior,
-            meta.get("generation"),
-            len(users),
-            utc_now(),
-            verdicts.policies.get(name),
-            users if deleting else (),
+    return [
+        (
+            body,
+            [
+                p["metadata"]["name"]
+                for p in pools
+                if ((p.get("spec") or {}).get("tierPolicyRef") or {}).get("name")
+                == body["metadata"]["name"]
+            ],
         )
-        await _apply_aux_status(op, kube.TIERPOLICIES, body, status.to_wire())
+        for body in list(cache.policies.get(namespace, {}).values())
+    ]
 
 
-async def _apply_in_use_finalizer(op: Operator, body: Body, users: list[str]) -> None:
+def _policy_status(
+    body: Body, users: list[str], verdicts: NamespaceVerdicts, now: str
+) -> dict[str, Any]:
+    meta = body["metadata"]
+    deleting = bool(meta.get("deletionTimestamp"))
+    status = build_policy_status(
+        _parse_or_none(TierPolicyStatus, body.get("status")),
+        meta.get("generation"),
+        len(users),
+        now,
+        verdicts.policies.get(meta["name"]),
+        users if deleting else (),
+    )
+    return status.to_wire()
+
+
+async def _apply_in_use_finalizer(client: kube.KubeClient, body: Body, users: list[str]) -> None:
     """Hold ``kvpool.dev/in-use`` on a TierPolicy while ModelPools use it (as Kueue does
     for its queues): deleting it then waits until no pool does. Released when unused.
 
@@ -103,10 +117,10 @@ async def _apply_in_use_finalizer(op: Operator, body: Body, users: list[str]) ->
     if _finalizers_wanted(body, users) is None:
         return
     meta = body["metadata"]
-    fresh = await op.kube.get(kube.TIERPOLICIES, meta.get("namespace") or "default", meta["name"])
+    fresh = await client.get(kube.TIERPOLICIES, meta.get("namespace") or "default", meta["name"])
     wanted = _finalizers_wanted(fresh, users) if fresh is not None else None
     if fresh is not None and wanted is not None:
-        await kube.set_finalizers(op.kube, kube.TIERPOLICIES, fresh, wanted)
+        await kube.set_finalizers(client, kube.TIERPOLICIES, fresh, wanted)
 
 
 def _finalizers_wanted(body: Body, users: list[str]) -> list[str] | None:
@@ -121,22 +135,21 @@ def _finalizers_wanted(body: Body, users: list[str]) -> list[str] | None:
     return None
 
 
-async def _apply_budget_statuses(op: Operator, namespace: str, verdicts: NamespaceVerdicts) -> None:
-    for body in list(op.cache.budgets.get(namespace, {}).values()):
-        ref = ((body.get("spec") or {}).get("apiKeySecretRef")) or {}
-        secret, key = str(ref.get("name", "")), str(ref.get("key", ""))
-        resolved = key in op.cache.secrets.get((namespace, secret), {})
-        prior = _parse_or_none(TenantBudgetStatus, body.get("status"))
-        status = build_budget_status(
-            prior,
-            body["metadata"].get("generation"),
-            secret,
-            key,
-            resolved,
-            utc_now(),
-            verdicts.budgets.get(body["metadata"]["name"]),
-        )
-        await _apply_aux_status(op, kube.TENANTBUDGETS, body, status.to_wire())
+def _budget_status(
+    cache: Cache, namespace: str, body: Body, verdicts: NamespaceVerdicts, now: str
+) -> dict[str, Any]:
+    ref = ((body.get("spec") or {}).get("apiKeySecretRef")) or {}
+    secret, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    status = build_budget_status(
+        _parse_or_none(TenantBudgetStatus, body.get("status")),
+        body["metadata"].get("generation"),
+        secret,
+        key,
+        key in cache.secrets.get((namespace, secret), {}),
+        now,
+        verdicts.budgets.get(body["metadata"]["name"]),
+    )
+    return status.to_wire()
 
 
 def _parse_or_none(model: Any, raw: Any) -> Any:

@@ -11,17 +11,16 @@ Pod's IP or readiness, requests a config publish of its namespace.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL
+from kvpool.controller.cache import Cache
 from kvpool.domain.manifests import LABEL_POOL
 
-if TYPE_CHECKING:
-    from kvpool.controller.context import Operator
-
 Body = Mapping[str, Any]
+RequestPublish = Callable[[str], None]  # ask for a publish of a namespace (in the background)
 
 
 def _key(body: Body) -> tuple[str, str]:
@@ -29,42 +28,35 @@ def _key(body: Body) -> tuple[str, str]:
     return meta.get("namespace") or "default", meta["name"]
 
 
-def build_watches(op: Operator, namespace: str | None) -> list[kube.LabelWatch]:
+def build_watches(
+    cache: Cache, client: kube.KubeClient, publish: RequestPublish, namespace: str | None
+) -> list[kube.LabelWatch]:
     """The Secret and Pod watches of one scope (a namespace, or None for all)."""
 
     async def on_secret(kind: str, body: kube.JsonObject) -> None:
         key = _key(body)
-        before = op.cache.secrets.get(key)
-        op.cache.put_secret(key, None if kind == "DELETED" else body)
-        if op.cache.secrets.get(key) != before and op.cache.referenced_secret(*key):
-            op.spawn(op.publisher.request(key[0]))
+        before = cache.secrets.get(key)
+        cache.put_secret(key, None if kind == "DELETED" else body)
+        if cache.secrets.get(key) != before and cache.referenced_secret(*key):
+            publish(key[0])
 
     async def on_secrets(items: list[kube.JsonObject]) -> None:
-        op.cache.replace_secrets(namespace, items)
+        cache.replace_secrets(namespace, items)
 
     async def on_pod(kind: str, body: kube.JsonObject) -> None:
         ns, name = _key(body)
         pool = ((body.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL, "")
-        before = op.cache.pods.get((ns, pool), {}).get(name)
-        op.cache.put_pod((ns, name), None if kind == "DELETED" else body)
-        if op.cache.pods.get((ns, pool), {}).get(name) != before:
-            op.spawn(op.publisher.request(ns))
+        before = cache.pods.get((ns, pool), {}).get(name)
+        cache.put_pod((ns, name), None if kind == "DELETED" else body)
+        if cache.pods.get((ns, pool), {}).get(name) != before:
+            publish(ns)
 
     async def on_pods(items: list[kube.JsonObject]) -> None:
-        op.cache.replace_pods(namespace, items)
+        cache.replace_pods(namespace, items)
 
     return [
         kube.LabelWatch(
-            op.kube, kube.SECRETS, namespace, API_KEY_SECRET_LABEL, on_secret, on_secrets
+            client, kube.SECRETS, namespace, API_KEY_SECRET_LABEL, on_secret, on_secrets
         ),
-        kube.LabelWatch(op.kube, kube.PODS, namespace, LABEL_POOL, on_pod, on_pods),
+        kube.LabelWatch(client, kube.PODS, namespace, LABEL_POOL, on_pod, on_pods),
     ]
-
-
-async def start_watches(op: Operator, namespaces: tuple[str, ...]) -> None:
-    """Prime every watch (their objects are in the cache when this returns), then follow
-    them in the background."""
-    for namespace in namespaces or (None,):
-        for watch in build_watches(op, namespace):
-            await watch.prime()
-            op.spawn(watch.follow())

@@ -50,7 +50,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kvpool"
 ANNOTATION_SPEC_HASH = "kvpool.dev/spec-hash"
 ANNOTATION_CONFIG_HASH = "kvpool.dev/config-hash"
-ANNOTATION_STATIC_ENDPOINTS = "kvpool.dev/static-endpoints"
+ANNOTATION_STATIC_ENDPOINTS = "kvpool.dev/static-endpoints"  # local mode: a pool's engines
+ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"  # and its canary's
+ANNOTATION_ROLLOUT = "kvpool.dev/rollout"  # a user's rollout action (resume, abort, ...)
 
 ENGINE_CONTAINER = "engine"
 ENGINE_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
