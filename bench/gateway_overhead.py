@@ -254,7 +254,9 @@ def process_cpu_seconds(pid: int) -> float:
 
 async def measure_decisions(store: BudgetStore, count: int, max_seconds: float) -> dict[str, Any]:
     config = bench_config("http://127.0.0.1:9", tiny_tokenizer()).obj()
-    gateway = Gateway(config, store, settings=GatewaySettings(access_log=False))
+    # no engine listens at the config's endpoint: no probes (they would eject it) or polls
+    settings = GatewaySettings(access_log=False, health_probe_interval=0, engine_poll_seconds=0)
+    gateway = Gateway(config, store, settings=settings)
     await gateway.start()
     chat = json.dumps(
         {
