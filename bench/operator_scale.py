@@ -49,12 +49,12 @@ from benchkit import write_results  # noqa: E402
 from kvpool.api.modelpool import ModelPool  # noqa: E402
 from kvpool.api.tenantbudget import TenantBudget  # noqa: E402
 from kvpool.api.tierpolicy import TierPolicy  # noqa: E402
+from kvpool.domain.api_keys import api_key_digest  # noqa: E402
 from kvpool.domain.compile import (  # noqa: E402
     PoolInput,
     TenantInput,
     build_admission_config,
     config_hash,
-    hash_api_key,
 )
 from kvpool.domain.planner import PoolPlan, plan_pool  # noqa: E402
 from kvpool.domain.revision import revision_of  # noqa: E402
@@ -136,7 +136,7 @@ def bench_pure(objs: dict[str, list[dict[str, Any]]], repeat: int) -> dict[str, 
     tenants: dict[str, list[TenantInput]] = {ns: [] for ns in policies}
     for b in budgets:
         tenants[b.metadata.namespace or ""].append(
-            TenantInput(b, hash_api_key(f"sk-{b.metadata.name}".encode()))
+            TenantInput(b, api_key_digest(f"sk-{b.metadata.name}"))
         )
 
     def compile_all() -> list[tuple[str, int]]:

@@ -21,7 +21,8 @@ and the gateway enforces:
 - :class:`AdmissionConfigBuilder` / ``standard_admission_config(endpoints)`` -> an
   ``AdmissionConfig`` with floors in percents, planned like the operator (``.write(path)``);
   ``tiny_engine_admission_config(url, tokenizer)`` -> the one over the ``tiny_engine``;
-- :class:`AdmissionRequests` -> numbered ``AdmissionRequest``\\ s; ``key_digest(key)``.
+- :class:`AdmissionRequests` -> numbered ``AdmissionRequest``\\ s. Key digests come from
+  :mod:`kvpool.domain.api_keys`, as the operator and the gateway compute them.
 
 Servers built from these (a fake engine, the gateway process) are in
 :mod:`tests.support.gateway`, not here.
@@ -37,7 +38,6 @@ from tests.builders.compiled import (
     compiled_rule,
     compiled_tenant,
     compiled_tier,
-    key_digest,
     standard_admission_config,
     tiny_engine_admission_config,
 )
@@ -69,7 +69,6 @@ __all__ = [
     "compiled_tenant",
     "compiled_tier",
     "declared_modelpool_manifest",
-    "key_digest",
     "modelpool_manifest",
     "served_modelpool",
     "standard_admission_config",

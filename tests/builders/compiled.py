@@ -23,7 +23,6 @@ the way the planner derives them (shared = total - sum of floors)::
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,16 +41,12 @@ from kvpool.api.admission_config import (
 )
 from kvpool.api.common import LabelSelector
 from kvpool.domain.admission import AdmissionRequest
+from kvpool.domain.api_keys import api_key_digest
 from kvpool.domain.planner import plan_floors
 
 KEY_SHA = "0" * 64  # the key digest of tenants whose key no test presents
 
 Reclaim = Literal["Wait", "Preempt"]
-
-
-def key_digest(key: str) -> str:
-    """SHA-256 hex of an API key (what the config stores)."""
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def compiled_tier(
@@ -452,7 +447,7 @@ class AdmissionConfigBuilder:
             compiled_tenant(
                 name,
                 tiers,
-                key_sha256=key_digest(key),
+                key_sha256=api_key_digest(key),
                 limits=limits,
                 labels=labels,
                 weight=weight,

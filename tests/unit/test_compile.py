@@ -8,6 +8,7 @@ import json
 import pytest
 
 from kvpool.api.admission_config import AdmissionConfig, Endpoint
+from kvpool.domain.api_keys import api_key_digest
 from kvpool.domain.compile import (
     SKIPPED_NO_KEY,
     PodView,
@@ -16,7 +17,6 @@ from kvpool.domain.compile import (
     build_admission_config,
     build_endpoints,
     config_hash,
-    hash_api_key,
     parse_static_endpoints,
 )
 from kvpool.domain.planner import PoolPlan, plan_pool
@@ -52,7 +52,7 @@ def _tenant(tenant: str, key: str | None = "sk-1", **policy: str) -> TenantInput
     )
     if policy:
         builder = builder.policy(policy["policy"])
-    return TenantInput(budget=builder.obj(), key_sha256=hash_api_key(key.encode()) if key else None)
+    return TenantInput(budget=builder.obj(), key_sha256=api_key_digest(key) if key else None)
 
 
 def test_pool_plan_numbers_pass_through_unchanged() -> None:
@@ -223,7 +223,3 @@ def test_endpoints_from_pods(pods: list[PodView], expected: list[tuple[str, str,
 )
 def test_static_endpoints_annotation(text: str, expected: list[tuple[str, str]]) -> None:
     assert [(e.name, e.url) for e in parse_static_endpoints(text)] == expected
-
-
-def test_api_key_hash_ignores_a_trailing_newline() -> None:
-    assert hash_api_key(b"sk-1\n") == hash_api_key(b"sk-1") == hashlib.sha256(b"sk-1").hexdigest()

@@ -30,7 +30,8 @@ from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.api.validation import check_custom_object
-from kvpool.domain.compile import PodView, hash_api_key
+from kvpool.domain.api_keys import api_key_digest
+from kvpool.domain.compile import PodView
 from kvpool.domain.manifests import LABEL_POOL, LABEL_TRACK
 from kvpool.domain.validity import Checked
 
@@ -50,11 +51,11 @@ def secret_digests(body: Body) -> dict[str, str]:
     digests: dict[str, str] = {}
     for key, value in (body.get("data") or {}).items():
         try:
-            digests[key] = hash_api_key(base64.b64decode(value, validate=True))
+            digests[key] = api_key_digest(base64.b64decode(value, validate=True))
         except (binascii.Error, ValueError):
             continue
     for key, value in (body.get("stringData") or {}).items():
-        digests[key] = hash_api_key(str(value).encode())
+        digests[key] = api_key_digest(str(value))
     return digests
 
 

@@ -134,15 +134,6 @@ class CompiledNamespace:
     skipped: tuple[tuple[str, str], ...]  # (TenantBudget name, reason)
 
 
-def hash_api_key(raw: bytes) -> str:
-    """SHA-256 hex digest of an API key as stored in a Secret (surrounding whitespace ignored).
-
-    >>> hash_api_key(b"sk-test\\n") == hash_api_key(b"sk-test")
-    True
-    """
-    return hashlib.sha256(raw.strip()).hexdigest()
-
-
 def build_endpoints(pods: Sequence[PodView], port: int, track: str) -> tuple[Endpoint, ...]:
     """Endpoints of one track from its pods; pods without an IP are not routable yet.
 

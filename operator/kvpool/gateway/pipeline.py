@@ -33,7 +33,6 @@ decision benchmark can drive it directly:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import itertools
 import json
@@ -57,6 +56,7 @@ from kvpool.api.admission_config import (
 )
 from kvpool.domain.admission import Admit, build_admission_request
 from kvpool.domain.admission.adaptation import PoolAdaptation
+from kvpool.domain.api_keys import api_key_digest
 from kvpool.domain.budget import (
     BudgetAllow,
     BudgetCharge,
@@ -147,10 +147,6 @@ class Admission:
     meter: UsageMeter = field(default_factory=UsageMeter)
 
 
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 class RequestPipeline:
     """Steps 1-6 and 8 of one gateway process (no HTTP)."""
 
@@ -186,7 +182,7 @@ class RequestPipeline:
         """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
         if not authorization or not authorization.startswith("Bearer "):
             raise UNAUTHORIZED
-        digest = _digest(authorization[len("Bearer ") :].strip())
+        digest = api_key_digest(authorization[len("Bearer ") :])
         tenant = index.tenants.get(digest)
         if tenant is None or not hmac.compare_digest(tenant.key_sha256, digest):
             raise UNAUTHORIZED
