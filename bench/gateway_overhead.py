@@ -15,10 +15,10 @@ gateway's percentile minus the direct one. The gateway process's CPU time per re
 reported too: it does not depend on the machine's load.
 
 Part 2 - decisions per second on one core (this process pinned to one CPU): the gateway's
-whole decision path without the network - ``Gateway.admit`` (auth, body parse, classify,
-estimate with the tiny model's real tokenizer when it is cached, budget reserve,
-admission) plus ``Gateway.finish`` (release, settle, metrics) - with the in-memory budget
-store and, when ``redis-server`` is installed, with a real Redis.
+whole decision path without the network - the ``RequestPipeline``'s ``authenticate`` and
+``admit`` (auth, body parse, classify, estimate with the tiny model's real tokenizer when
+it is cached, budget reserve, admission) plus ``finish`` (release, settle, metrics) - with
+the in-memory budget store and, when ``redis-server`` is installed, with a real Redis.
 
     .venv/bin/python bench/gateway_overhead.py            # full (~2-3 min)
     .venv/bin/python bench/gateway_overhead.py --quick    # smoke run (~30 s)
@@ -54,7 +54,9 @@ from tests.support.redis_server import RedisServer, redis_binary
 
 from benchkit import machine_info, write_results
 from kvpool.adapters.budget import BudgetStore, InMemoryBudgetStore, RedisBudgetStore
-from kvpool.gateway.server import Gateway, GatewaySettings
+from kvpool.gateway.server import Gateway
+from kvpool.gateway.settings import GatewaySettings
+from kvpool.gateway.usage import Usage
 
 T = TypeVar("T")
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
@@ -271,7 +273,7 @@ async def measure_decisions(store: BudgetStore, count: int, max_seconds: float) 
     completion = json.dumps(
         {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 32}
     ).encode()
-    usage = {"prompt_tokens": 30, "completion_tokens": 20}
+    usage = Usage(prompt_tokens=30, completion_tokens=20, reported=True, sent=True)
     done = 0
     started = time.perf_counter()
     deadline = started + max_seconds
@@ -281,9 +283,17 @@ async def measure_decisions(store: BudgetStore, count: int, max_seconds: float) 
                 kind, raw, path = "chat", chat, "/v1/chat/completions"
             else:
                 kind, raw, path = "completions", completion, "/v1/completions"
-            admission, _ = await gateway.admit(kind, raw, KEY, path, "api.example.com")  # type: ignore[arg-type]
-            admission.meter.take(usage)
-            await gateway.finish(admission, 200, "ok")
+            index = gateway.index
+            tenant = gateway.pipeline.authenticate(KEY, index)
+            admission, _ = await gateway.pipeline.admit(
+                index,
+                tenant,
+                kind,  # type: ignore[arg-type]
+                raw,
+                path,
+                "api.example.com",
+            )
+            await gateway.pipeline.finish(admission, 200, "ok", usage)
             done += 1
     finally:
         elapsed = time.perf_counter() - started

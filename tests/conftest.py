@@ -33,9 +33,12 @@ Fixtures:
   OpenAI-compatible upstream recording what it receives), stopped after the test.
 - ``gateway_client``: factory of in-process gateways behind aiohttp's test server:
   ``client, gateway = await gateway_client(config, store=None, metrics=..., wall_clock=...,
-  tokenizers=..., **settings)``; ``config`` is an ``AdmissionConfig`` or builder, ``store``
-  a budget store (default: in memory), ``settings`` ``GatewaySettings`` fields (default:
-  no access log, ``/metrics`` on the API port). Closed at teardown.
+  tokenizers=..., upstream=..., capacity=..., **settings)``; ``config`` is an
+  ``AdmissionConfig`` or builder, ``store`` a budget store (default: in memory),
+  ``upstream`` a fake one (``tests.support.upstream.FakeUpstream``; default: the real one),
+  ``capacity`` a ``CapacityShare`` (default: the static ``plan_share_percent``),
+  ``settings`` ``GatewaySettings`` fields (default: no access log, ``/metrics`` on the API
+  port). Closed at teardown.
 
 Markers: a test using an engine fixture gets ``engine``, Prometheus ``prometheus``, Redis
 ``redis`` added automatically (so ``-m "not engine"`` deselects it); mark them explicitly
@@ -73,8 +76,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvpool.adapters.budget import BudgetStore, InMemoryBudgetStore
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.capacity import CapacityShare
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.server import Gateway, GatewaySettings
+from kvpool.gateway.server import Gateway
+from kvpool.gateway.settings import GatewaySettings
+from kvpool.gateway.upstream import Upstream
 from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, EngineFactory, VllmEngine
 from tests.support.gateway import FakeEngine, GatewayClientFactory, GatewayProcesses
@@ -303,6 +309,8 @@ async def gateway_client() -> AsyncIterator[GatewayClientFactory]:
         metrics: GatewayMetrics | None = None,
         tokenizers: TokenizerCache | None = None,
         wall_clock: Callable[[], float] = time.time,
+        upstream: Upstream | None = None,
+        capacity: CapacityShare | None = None,
         **settings: Any,
     ) -> tuple[TestClient[Any, Any], Gateway]:
         settings = {"access_log": False, "metrics_on_api_port": True} | settings
@@ -313,6 +321,8 @@ async def gateway_client() -> AsyncIterator[GatewayClientFactory]:
             metrics=metrics,
             tokenizers=tokenizers,
             wall_clock=wall_clock,
+            upstream=upstream,
+            capacity=capacity,
         )
         client = TestClient(TestServer(gateway.app()))
         await client.start_server()

@@ -169,7 +169,7 @@ async def test_gateway_answers_like_the_engine(
     assert _status_class(resp.status) == _status_class(direct_status), (
         f"engine {direct_status}: {direct_text[:300]}\ngateway {resp.status}: {via_text[:300]}"
     )
-    snap = gw.runtimes["tiny"].snapshot()
+    snap = gw.registry.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
     if resp.status == 200:
         metrics = gw.metrics.render().decode()

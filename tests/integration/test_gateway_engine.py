@@ -146,7 +146,7 @@ async def test_end_to_end_non_streaming_settles_the_real_usage(
     assert used[0].tokens == usage["prompt_tokens"] + usage["completion_tokens"]
     text = await (await client.get("/metrics")).text()
     assert 'kvpool_gateway_estimates_total{method="tokenizer",pool="tiny"} 1.0' in text
-    snap = gateway.runtimes["tiny"].snapshot()
+    snap = gateway.registry.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
 
 
@@ -179,7 +179,7 @@ async def test_end_to_end_streaming(
     prompt = tokenizer.count_chat(body["messages"])
     assert prompt is not None
     assert used[0].tokens == prompt + 12  # settled with the engine's usage (ignore_eos)
-    assert gateway.runtimes["tiny"].snapshot().in_flight == 0
+    assert gateway.registry.runtimes["tiny"].snapshot().in_flight == 0
 
 
 async def test_budget_across_two_gateway_processes_sharing_redis(
@@ -293,7 +293,7 @@ async def test_engine_killed_gives_clear_errors_and_releases_everything(
     assert after.status == 503 and "Retry-After" in after.headers
     # refused by the dead engine, or already ejected by a failed health probe
     assert (await after.json())["error"]["code"] in ("engine_unavailable", "no_ready_replica")
-    snap = gateway.runtimes["tiny"].snapshot()
+    snap = gateway.registry.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
     used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens < 400  # settled with what was streamed, not the 400 reserved

@@ -236,7 +236,7 @@ async def test_the_engine_rules_serve_and_bound_the_output(
         assert isinstance(sent[field_name], int) and 400 < sent[field_name] < 512
     else:
         assert sent[field_name] == expected
-    snap = gateway.runtimes["tiny"].snapshot()
+    snap = gateway.registry.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_use_slots, snap.in_flight) == (0, 0, 0)
 
 
@@ -315,7 +315,7 @@ async def test_stream_usage_chunk_only_when_asked(
     assert len([c for c in chunks if c["choices"]]) == 5
     assert any(c.get("usage") for c in chunks) == caller_wants_usage
     assert fake_engine.received[0]["stream_options"] == {"include_usage": True}  # always asked
-    snap = gateway.runtimes["tiny"].snapshot()
+    snap = gateway.registry.runtimes["tiny"].snapshot()
     assert snap.in_use_tokens == 0 and snap.in_flight == 0
 
 
@@ -387,7 +387,7 @@ async def test_engine_down_is_503_and_everything_is_released(
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "engine_unavailable"
     assert "Retry-After" in resp.headers
-    snap = gateway.runtimes["tiny"].snapshot()
+    snap = gateway.registry.runtimes["tiny"].snapshot()
     assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
     used = await gateway.store.usage("default/acme", config.tenants[0].limits, gateway.wall_clock())
     assert used[0].tokens == 0  # the budget was refunded
@@ -425,12 +425,14 @@ async def test_client_disconnect_cancels_upstream_and_releases(
     await resp.content.readline()
     resp.close()  # the client goes away mid-stream
     await wait_until_async(
-        lambda: gateway.runtimes["tiny"].snapshot().in_flight == 0 and fake_engine.cancelled,
+        lambda: (
+            gateway.registry.runtimes["tiny"].snapshot().in_flight == 0 and fake_engine.cancelled
+        ),
         5,
         "the upstream request cancelled and the reservation released",
     )
     assert fake_engine.cancelled == 1
-    assert gateway.runtimes["tiny"].snapshot().in_use_tokens == 0
+    assert gateway.registry.runtimes["tiny"].snapshot().in_use_tokens == 0
 
 
 async def test_reload_keeps_in_flight_requests(
@@ -447,7 +449,7 @@ async def test_reload_keeps_in_flight_requests(
     gateway.apply_config(new.obj())
     resp = await pending
     assert resp.status == 200
-    assert gateway.runtimes["tiny"].pool.tokens_per_replica == 4096
+    assert gateway.registry.runtimes["tiny"].pool.tokens_per_replica == 4096
     newcomer = await client.post(
         "/v1/completions", json=completion(), headers={"Authorization": "Bearer sk-new"}
     )
@@ -515,7 +517,7 @@ async def test_plan_share_splits_the_plan_between_gateway_replicas(
     )
     client, gateway = await gateway_client(config, plan_share_percent=50)
 
-    assert gateway.runtimes["tiny"].pool.slots_per_replica == 1
+    assert gateway.registry.runtimes["tiny"].pool.slots_per_replica == 1
     results = await asyncio.gather(
         *(
             client.post("/v1/completions", json=completion(max_tokens=2), headers=ACME)
@@ -720,7 +722,7 @@ async def test_engines_near_full_pause_borrowing_and_preemptions_back_off(
     )
     # batch's floor is 614 tokens / 2 slots: two requests of ~520 tokens each exceed it
     big = completion(prompt=[1] * 400, max_tokens=100)
-    runtime = gateway.runtimes["tiny"]
+    runtime = gateway.registry.runtimes["tiny"]
     first = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
     await wait_until_async(lambda: fake_engine.received, 5, "the first request at the engine")
     second = asyncio.create_task(client.post("/v1/completions", json=big, headers=BULK))
@@ -785,7 +787,7 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
     target = await _metric(client, "kvpool_gateway_tier_ttft_target_seconds", tier="interactive")
     assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
     assert p95 >= 0.03
-    assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}
+    assert gateway.registry.runtimes["tiny"].controller._lent_limits == {0: 2}
 
 
 def _held_config(url: str, ttft: float | None) -> AdmissionConfig:

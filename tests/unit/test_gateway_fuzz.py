@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvpool.adapters.budget import InMemoryBudgetStore
-from kvpool.gateway.server import Gateway, GatewaySettings
+from kvpool.gateway.server import Gateway
+from kvpool.gateway.settings import GatewaySettings
 from tests.builders import standard_admission_config
 from tests.support.gateway import FakeEngine
 

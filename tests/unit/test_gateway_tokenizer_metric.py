@@ -8,7 +8,6 @@ tokenizer loads; it follows config reloads and forgets removed pools. Real token
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,8 @@ import pytest
 
 from kvpool.adapters import tokenizer as tokenizer_module
 from kvpool.adapters.budget import InMemoryBudgetStore
-from kvpool.gateway.server import Gateway, GatewaySettings
+from kvpool.gateway.server import Gateway
+from kvpool.gateway.settings import GatewaySettings
 from tests.builders import AdmissionConfigBuilder
 from tests.support.waiting import wait_until_async
 
@@ -110,6 +110,6 @@ async def test_a_late_tokenizer_load_does_not_overwrite_a_newer_config(
     gateway.apply_config(config(new=None).obj())  # nothing to load
     await wait_until_async(lambda: fallback(gateway, "new") == 1, 10, "the new config's flags")
     gate.set()
-    await asyncio.wait(set(gateway._background))  # the older config's load has finished
+    await gateway.tasks.wait()  # the older config's load has finished
     assert fallback(gateway, "new") == 1
     assert fallback(gateway, "old") is None, "the older config's late load came back"

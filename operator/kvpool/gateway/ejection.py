@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 import aiohttp
 from prometheus_client import Counter, Gauge
 
+from kvpool.adapters.background import BackgroundTasks
 from kvpool.domain.outlier import (
     Eject,
     FailureKind,
@@ -70,7 +71,7 @@ class ReplicaEjector:
         self._clock = clock
         self._states: dict[Key, ReplicaHealth] = {}
         self._in_flight: dict[Key, set[asyncio.Timeout]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._probes = BackgroundTasks()
         self._session: aiohttp.ClientSession | None = None
         self.ejected_gauge = Gauge(
             "kvpool_gateway_replica_ejected",
@@ -90,16 +91,13 @@ class ReplicaEjector:
     def start(self) -> None:
         """Start the health probes (``probe_interval`` <= 0: passive ejection only), on
         their own connection pool (a probe never waits behind requests, nor they on it)."""
-        if self.probe_interval > 0 and self._task is None:
+        if self.probe_interval > 0 and self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-            self._task = asyncio.create_task(self._probe_loop(self._session))
+            self._probes.spawn(self._probe_loop(self._session), "health probes")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the probes and close their connection pool."""
+        await self._probes.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None

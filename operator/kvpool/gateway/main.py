@@ -42,7 +42,8 @@ from kvpool.adapters.config_source import (
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.http import GatewayRunner
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.server import Gateway, GatewaySettings
+from kvpool.gateway.server import Gateway
+from kvpool.gateway.settings import GatewaySettings
 
 log = logging.getLogger("kvpool.gateway")
 

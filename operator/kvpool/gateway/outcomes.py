@@ -75,10 +75,9 @@ def error_for(
     retry_after: float | None = None,
     param: str | None = None,
 ) -> GatewayError:
-    """The OpenAI-format error answering a decision ``reason``."""
+    """The OpenAI-format error answering a decision ``reason`` (a 503 without a
+    ``retry_after`` says :data:`~kvpool.gateway.errors.DEFAULT_RETRY_AFTER`)."""
     status, kind = REASON_STATUS.get(reason, _BUSY)
-    if status == 503 and retry_after is None:
-        retry_after = 1.0
     return GatewayError(status, reason, message, kind, retry_after, param)
 
 
@@ -94,3 +93,4 @@ class Outcome:
     completion_tokens: int | None  # as the engine reported (or chunks relayed)
     duration_seconds: float  # arrival to end
     ttft_seconds: float | None  # arrival to the first streamed token (streams only)
+    engine_reported: bool = False  # the token counts are the engine's own usage

@@ -5,9 +5,11 @@ Why this module exists: the gateway's request path is a chain of pure decisions 
 (the handlers are in :mod:`kvpool.gateway.server`), so it reads top to bottom and the
 decision benchmark can drive it directly:
 
-1. authenticate: ``Authorization: Bearer <key>`` -> SHA-256 -> tenant. The lookup is by
-   digest and confirmed with a constant-time compare; a missing and an unknown key get
-   the same 401 body, so nobody learns whether a tenant exists;
+1. authenticate (:meth:`RequestPipeline.authenticate`, once, before the body is read):
+   ``Authorization: Bearer <key>`` -> its digest (:func:`kvpool.domain.api_keys.api_key_digest`,
+   the operator's own) -> tenant. The lookup is by digest and confirmed with a
+   constant-time compare; a missing and an unknown key get the same 401 body, so nobody
+   learns whether a tenant exists;
 2. parse and check the body (:mod:`kvpool.gateway.request`; the caller's ``priority`` is
    dropped), find the pool by ``model`` (404 if unknown);
 3. classify (``decide_tier``): tier from path, host and tenant labels; 403 if the tenant
@@ -20,19 +22,23 @@ decision benchmark can drive it directly:
    tenant may use (a demoted request is not charged); Redis down and the tier declares
    ``budgetUnavailable: Reject`` -> 503;
 6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
-   :class:`~kvpool.gateway.pool_runtime.PoolRuntime`; it also picks the replica);
+   the pool's :class:`~kvpool.gateway.pool_runtime.PoolRuntime` from the
+   :class:`~kvpool.gateway.registry.PoolRegistry`; it also picks the replica), with the
+   tenant's limits as this replica enforces them (:mod:`kvpool.gateway.capacity`);
    Queue -> wait; Reject -> the status of its reason (:mod:`kvpool.gateway.outcomes`);
-7. (the handler proxies to the engine with the tier's engine ``priority``);
+7. (the handler sends it upstream, :mod:`kvpool.gateway.upstream`);
 8. :meth:`RequestPipeline.finish`, always: release the reservation, settle the budget with
-   what the engine generated (``decide_settlement``: its usage; 0 if it never got the
-   request; the reservation if the request was cut short), then build one
-   :class:`~kvpool.gateway.outcomes.Outcome` that the metrics and the JSON access log
-   both read.
+   what the engine generated (``decide_settlement`` on the :class:`~kvpool.gateway.usage.Usage`
+   the upstream reported: its usage; 0 if it never got the request; the reservation if the
+   request was cut short), then build one :class:`~kvpool.gateway.outcomes.Outcome` that
+   the metrics and the JSON access log both read.
+
+Each request reads the :class:`~kvpool.gateway.config_index.ConfigIndex` it was given from
+authentication to admission, so a reload in between changes nothing for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import itertools
 import json
@@ -40,22 +46,20 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvpool.adapters.background import BackgroundTasks
 from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
-from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import (
-    AdmissionConfig,
     CompiledPool,
     CompiledTenant,
     CompiledTier,
     CompiledTierPolicy,
 )
 from kvpool.domain.admission import Admit, build_admission_request
-from kvpool.domain.admission.adaptation import PoolAdaptation
 from kvpool.domain.api_keys import api_key_digest
 from kvpool.domain.budget import (
     BudgetAllow,
@@ -75,9 +79,10 @@ from kvpool.domain.estimate import (
     PromptSize,
     decide_estimate,
 )
-from kvpool.domain.partition import partition_tenant
 from kvpool.domain.routing import NoTrack, decide_track
 from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.capacity import CapacityShare
+from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.errors import AUTHENTICATION, NOT_FOUND, OVERLOADED, GatewayError
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.outcomes import (
@@ -87,11 +92,9 @@ from kvpool.gateway.outcomes import (
     error_for,
 )
 from kvpool.gateway.pool_runtime import PoolRuntime
-from kvpool.gateway.proxy import UsageMeter
+from kvpool.gateway.registry import PoolRegistry
 from kvpool.gateway.request import Kind, ParsedRequest
-
-if TYPE_CHECKING:
-    from kvpool.gateway.server import GatewaySettings
+from kvpool.gateway.usage import Usage, request_clock
 
 log = logging.getLogger("kvpool.gateway")
 access_log = logging.getLogger("kvpool.access")
@@ -103,31 +106,6 @@ ESTIMATE_PARAMS = {
     REASON_INVALID_N: "n",
 }
 UNAUTHORIZED = GatewayError(401, "invalid_api_key", "invalid or missing API key", AUTHENTICATION)
-
-
-@dataclass(frozen=True)
-class ConfigIndex:
-    """One config, indexed for the request path. Immutable: replaced whole on reload."""
-
-    config: AdmissionConfig
-    tenants: dict[str, CompiledTenant]  # key sha256 hex -> tenant
-    pools: dict[str, CompiledPool]  # served name -> pool
-    policies: dict[str, CompiledTierPolicy]  # name -> policy
-
-    @classmethod
-    def build(cls, config: AdmissionConfig, plan_share_percent: int = 100) -> ConfigIndex:
-        """Index a config; tenants carry this replica's share of their ``maxConcurrency``."""
-        return cls(
-            config=config,
-            tenants={t.key_sha256: partition_tenant(t, plan_share_percent) for t in config.tenants},
-            pools={p.served_name: p for p in config.pools},
-            policies={p.name: p for p in config.tier_policies},
-        )
-
-    def tiers_of(self, pool: CompiledPool) -> list[CompiledTier]:
-        """The tiers of a pool's policy (empty if the policy is missing)."""
-        policy = self.policies.get(pool.tier_policy)
-        return list(policy.tiers) if policy is not None else []
 
 
 @dataclass
@@ -143,8 +121,8 @@ class Admission:
     runtime: PoolRuntime
     charge: BudgetCharge | None
     demoted: bool
-    started: float
-    meter: UsageMeter = field(default_factory=UsageMeter)
+    started: float  # request_clock() at arrival
+    on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
 
 
 class RequestPipeline:
@@ -152,31 +130,28 @@ class RequestPipeline:
 
     def __init__(
         self,
-        config: AdmissionConfig,
         store: BudgetStore,
-        settings: GatewaySettings,
         metrics: GatewayMetrics,
-        tokenizers: TokenizerCache,
+        body: BodyWorker,
+        registry: PoolRegistry,
+        capacity: CapacityShare,
+        tasks: BackgroundTasks,
+        *,
+        access_log: bool = True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.tokenizers = tokenizers
-        self.body = BodyWorker(tokenizers)
+        self.body = body
+        self.registry = registry
+        self.capacity = capacity
+        self.access_log = access_log
         self.wall_clock = wall_clock
-        self.index = ConfigIndex.build(config, settings.plan_share_percent)
-        self.runtimes: dict[str, PoolRuntime] = {}
+        self._tasks = tasks  # budget settlements against a remote store
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid():x}-{random.getrandbits(24):06x}"
-        self._background: set[asyncio.Task[None]] = set()  # settlements, tokenizer loads
-        self.adaptations: dict[str, PoolAdaptation] = {}  # pool -> learned/measured state
 
     # -- decisions (steps 1-6) -------------------------------------------------------------
-
-    def budget_subject(self, tenant: CompiledTenant) -> str:
-        """Whose counters a tenant's requests charge: ``<namespace>/<tenant>``."""
-        return budget_subject(self.index.config.namespace, tenant.tenant)
 
     def authenticate(self, authorization: str | None, index: ConfigIndex) -> CompiledTenant:
         """The tenant of a ``Bearer`` key, or 401 (same answer for missing and unknown)."""
@@ -218,6 +193,7 @@ class RequestPipeline:
 
     async def _charge(
         self,
+        index: ConfigIndex,
         tenant: CompiledTenant,
         policy: CompiledTierPolicy,
         pool: CompiledPool,
@@ -228,7 +204,7 @@ class RequestPipeline:
         if not tenant.limits:
             return None, tier, False
         verdict = await self.store.reserve(
-            self.budget_subject(tenant),
+            budget_subject(index.config.namespace, tenant.tenant),
             tenant.limits,
             tokens,
             self.wall_clock(),
@@ -256,12 +232,18 @@ class RequestPipeline:
         raise error_for(REASON_BUDGET_EXCEEDED, verdict.reason, retry_after=verdict.retry_after)
 
     async def admit(
-        self, kind: Kind, raw: bytes, authorization: str | None, path: str, host: str | None
+        self,
+        index: ConfigIndex,
+        tenant: CompiledTenant,
+        kind: Kind,
+        raw: bytes,
+        path: str,
+        host: str | None,
     ) -> tuple[Admission, ParsedRequest]:
-        """Steps 1-6: an admitted request (reservation and budget charged) or a GatewayError."""
-        index = self.index
-        started = asyncio.get_running_loop().time()
-        tenant = self.authenticate(authorization, index)
+        """Steps 2-6 for an authenticated ``tenant``: an admitted request (reservation and
+        budget charged) or a GatewayError. Its durations count from now (the body is in:
+        a client slow to upload is not the engine's time to first token)."""
+        started = request_clock()
         parsed = await self.body.parse(kind, raw)  # off the event loop, bounded
         pool = index.pools.get(parsed.model)
         if pool is None:
@@ -273,7 +255,7 @@ class RequestPipeline:
                 param="model",
             )
         policy = index.policies.get(pool.tier_policy)
-        runtime = self.runtimes.get(pool.name)
+        runtime = self.registry.runtimes.get(pool.name)
         if policy is None or runtime is None:
             raise GatewayError(
                 503,
@@ -293,7 +275,7 @@ class RequestPipeline:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
         charge, tier, demoted = await self._charge(
-            tenant, policy, pool, tier, estimate.charge_tokens
+            index, tenant, policy, pool, tier, estimate.charge_tokens
         )
         try:
             track = decide_track(pool, tier.name, random.random())
@@ -302,11 +284,12 @@ class RequestPipeline:
                     track.reason, f"model {parsed.model!r} has no ready engine", retry_after=2.0
                 )
             request_id = f"{self._prefix}-{next(self._ids)}"
-            adaptation = self.adaptations.get(pool.name)
+            adaptation = self.registry.adaptations.get(pool.name)
             if adaptation is not None:  # reserve what the tier's requests use, not the bound
                 estimate = adaptation.reserve(tier.name, estimate)
+            enforced = self.capacity.tenant_view(tenant, pool.name)  # this replica's limits
             areq = build_admission_request(
-                request_id, tenant, tier.name, estimate, track.track.name
+                request_id, enforced, tier.name, estimate, track.track.name
             )
             verdict = await runtime.admit(areq)
             if not isinstance(verdict, Admit):
@@ -328,41 +311,44 @@ class RequestPipeline:
             charge=charge,
             demoted=demoted,
             started=started,
+            # its replica's prefill hold ends at the first token
+            on_first_token=(
+                partial(runtime.first_token, verdict.reservation_id)
+                if tier.ttft_p95_target_seconds
+                else None
+            ),
         )
-        if tier.ttft_p95_target_seconds:  # its replica's prefill hold ends at the first token
-            admission.meter.on_first_token = partial(runtime.first_token, verdict.reservation_id)
         return admission, parsed
 
     # -- step 8 ----------------------------------------------------------------------------
 
-    async def finish(self, admission: Admission, status: int, label: str) -> Outcome:
-        """Release the reservation, settle the budget, then record the :class:`Outcome` once
-        (metrics and the access log both read it)."""
-        meter = admission.meter
+    async def finish(self, admission: Admission, status: int, label: str, usage: Usage) -> Outcome:
+        """Release the reservation, settle the budget with ``usage``, then record the
+        :class:`Outcome` once (metrics and the access log both read it)."""
         estimate = admission.estimate
-        actual = meter.total(estimate.prompt_tokens)
-        now = asyncio.get_running_loop().time()
-        first = meter.first_token_at
+        actual = usage.total(estimate.prompt_tokens)
+        first = usage.first_token_at
         charged = 0
         if admission.charge is not None:
-            end = meter.settlement(admission.charge.tokens, estimate.prompt_tokens)
+            end = usage.settlement(admission.charge.tokens, estimate.prompt_tokens)
             charged = decide_settlement(end)
         outcome = Outcome(
             status=status,
             label=label,
             actual_tokens=actual,
             charged_tokens=charged,
-            prompt_tokens=meter.prompt_tokens,
-            completion_tokens=meter.completion_tokens,
-            duration_seconds=now - admission.started,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            duration_seconds=request_clock() - admission.started,
             ttft_seconds=(first - admission.started) if first is not None else None,
+            engine_reported=usage.reported,
         )
         admission.runtime.release(admission.admit.reservation_id, actual or None)
         if admission.charge is not None:
             await self._settle(admission.charge, charged)
         self._record(admission, outcome)
         self._adapt(admission, outcome)
-        if self.settings.access_log:
+        if self.access_log:
             self._access_log(admission, outcome)
         return outcome
 
@@ -386,10 +372,10 @@ class RequestPipeline:
         pool, tier = admission.pool.name, admission.tier.name
         if outcome.ttft_seconds is not None:
             self.metrics.ttft.labels(pool, tier).observe(outcome.ttft_seconds)
-        adaptation = self.adaptations.get(pool)
+        adaptation = self.registry.adaptations.get(pool)
         if adaptation is None:
             return
-        if outcome.label == "ok" and admission.meter.reported and outcome.completion_tokens:
+        if outcome.label == "ok" and outcome.engine_reported and outcome.completion_tokens:
             adaptation.settled(tier, outcome.completion_tokens, admission.estimate.sequences)
         if outcome.ttft_seconds is not None:
             limit = adaptation.ttft(tier, outcome.ttft_seconds)
@@ -406,13 +392,7 @@ class RequestPipeline:
         if not self.store.remote:
             await self.store.settle(charge, actual, self.wall_clock())
             return
-        self._in_background(self._settle_now(charge, actual, self.wall_clock()))
-
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task that is kept until it ends (stop() waits for these)."""
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._tasks.spawn(self._settle_now(charge, actual, self.wall_clock()), "budget settle")
 
     async def _settle_now(self, charge: BudgetCharge, actual: int, now: float) -> None:
         try:

@@ -35,11 +35,11 @@ from kvpool.domain.admission import (
     Wakeups,
 )
 from kvpool.domain.routing import STABLE, build_track_pool
+from kvpool.gateway.errors import DEFAULT_RETRY_AFTER
 from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.outcomes import REASON_POOL_REMOVED
 
 log = logging.getLogger("kvpool.gateway")
-
-REASON_POOL_REMOVED = "pool_removed"
 
 
 class PoolRuntime:
@@ -222,7 +222,7 @@ class PoolRuntime:
                         outcome="rejected-capacity",
                         reason=REASON_POOL_REMOVED,
                         message=f"model pool {self.pool.name!r} was removed from the config",
-                        retry_after_seconds=1.0,
+                        retry_after_seconds=DEFAULT_RETRY_AFTER,
                     )
                 )
         if self._expiry is not None:

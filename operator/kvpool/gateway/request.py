@@ -20,7 +20,8 @@ order, each a 400 with a JSON error unless noted:
   rule); completions *without* the field get the OpenAI/vLLM default of
   :data:`COMPLETIONS_DEFAULT_MAX_TOKENS`, an explicit ``null`` means "up to the context".
 
-The caller's ``priority`` field is removed here (the tier decides the engine priority).
+The caller's ``priority`` field is removed here (the tier decides the engine priority);
+:func:`build_upstream_body` builds what the engine is sent.
 """
 
 from __future__ import annotations
@@ -195,18 +196,32 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     )
 
 
-def bound_upstream_output(parsed: ParsedRequest, output_limit: int) -> dict[str, Any]:
-    """The body to send upstream with its output limited to what was charged.
+def build_upstream_body(
+    parsed: ParsedRequest, output_limit: int, engine_priority: int | None
+) -> bytes:
+    """The body sent to the engine: the caller's (without ``priority``), with its output
+    bounded to what was charged, the tier's engine priority, and a usage request.
 
-    The estimate charges ``min(max_tokens, max_model_len - prompt)`` per sequence from the
-    gateway's prompt count. The engine counts the prompt itself, so when the caller's limit
-    is absent or above the charged bound the gateway states the bound explicitly (chat:
-    ``max_completion_tokens``, which vLLM prefers over ``max_tokens``; completions:
-    ``max_tokens``). With an exact prompt count this changes nothing the engine would do;
-    with an inexact one it keeps "generated <= charged". Otherwise the body is unchanged.
+    - output: the estimate charges ``min(max_tokens, max_model_len - prompt)`` per
+      sequence from the gateway's prompt count. The engine counts the prompt itself, so
+      when the caller's limit is absent or above the charged bound the body states the
+      bound explicitly (chat: ``max_completion_tokens``, which vLLM prefers over
+      ``max_tokens``; completions: ``max_tokens``). With an exact prompt count this
+      changes nothing the engine would do; with an inexact one it keeps "generated <=
+      charged";
+    - ``priority``: the tier's ``enginePriority`` (None: the engines do not schedule by
+      priority, and the field stays out);
+    - streams always ask for ``stream_options.include_usage``: the relay meters the final
+      usage chunk (and removes it again when the caller did not ask for it,
+      :mod:`kvpool.gateway.upstream`).
     """
-    if output_limit < 1 or (parsed.max_tokens is not None and parsed.max_tokens <= output_limit):
-        return parsed.body
     body = dict(parsed.body)
-    body["max_completion_tokens" if parsed.kind == "chat" else "max_tokens"] = output_limit
-    return body
+    if output_limit >= 1 and (parsed.max_tokens is None or parsed.max_tokens > output_limit):
+        body["max_completion_tokens" if parsed.kind == "chat" else "max_tokens"] = output_limit
+    if engine_priority is not None:
+        body["priority"] = engine_priority
+    if parsed.stream:
+        options = dict(body.get("stream_options") or {})
+        options["include_usage"] = True
+        body["stream_options"] = options
+    return json.dumps(body, separators=(",", ":")).encode()

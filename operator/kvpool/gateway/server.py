@@ -1,92 +1,74 @@
-"""The admission gateway's HTTP side: handlers, lifecycle and config reload.
+"""The admission gateway of one process: its parts wired together, and its HTTP handlers.
 
-Why this module exists: it turns HTTP requests into calls of the request pipeline
-(:mod:`kvpool.gateway.pipeline`: authenticate, parse, classify, estimate, budget, admit,
-and the finish that releases, settles and records one ``Outcome``), proxies the admitted
-request to its engine (:mod:`kvpool.gateway.proxy`) with the tier's engine ``priority``
-under first-token and idle timeouts (a replica that refuses, times out or fails its health
-probes is ejected from routing, :mod:`kvpool.gateway.ejection`),
-and answers every error in the OpenAI format (statuses from one table,
+Why this module exists: it is the composition root. :class:`Gateway` builds and holds
+the parts, each in its own module, and turns HTTP requests into calls of them:
+
+- the :class:`~kvpool.gateway.pipeline.RequestPipeline` (authenticate, parse, classify,
+  estimate, budget, admit, and the finish that releases, settles and records one
+  ``Outcome``);
+- the :class:`~kvpool.gateway.registry.PoolRegistry` (each pool's runtime, learned state
+  and tokenizer, synced on every config);
+- the :class:`~kvpool.gateway.engine_watcher.EngineWatcher` (the engines' ``/metrics``);
+- the :class:`~kvpool.gateway.upstream.Upstream` (relays a request to its engine under
+  first-token and idle timeouts and classifies how it ended; a replica that refuses, times
+  out or fails its health probes is ejected from routing, :mod:`kvpool.gateway.ejection`);
+- the :class:`~kvpool.gateway.capacity.CapacityShare` (this replica's share of the plans).
+
+Every error is answered in the OpenAI format (statuses from one table,
 :mod:`kvpool.gateway.outcomes`). Liveness, readiness and ``/v1/models`` are served here
 too; ``/metrics`` (tenant names and usage) on its own port (:meth:`Gateway.metrics_app`).
 
-:meth:`Gateway.admit` (steps 1-6) and :meth:`Gateway.finish` (step 8) are usable without
-HTTP, which is how the decision benchmark measures them.
-
-Config reload: :meth:`Gateway.apply_config` swaps an immutable :class:`ConfigIndex` in one
-assignment (a request keeps the index it started with) and reconfigures each pool's
-controller (in-flight reservations are kept; pools that left have their waiters rejected).
+Config reload: :meth:`Gateway.apply_config` swaps an immutable
+:class:`~kvpool.gateway.config_index.ConfigIndex` in one assignment (a request keeps the
+index it started with) and syncs the registry (in-flight reservations are kept; pools
+that left have their waiters rejected).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from kvpool.adapters.background import BackgroundTasks
 from kvpool.adapters.budget import BudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.api.admission_config import AdmissionConfig, CompiledPool, CompiledTier
-from kvpool.domain.admission.adaptation import PoolAdaptation
-from kvpool.domain.partition import partition_poll_period, partition_pool
+from kvpool.api.admission_config import AdmissionConfig
+from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.capacity import CapacityShare, StaticShare
+from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.ejection import ReplicaEjector
+from kvpool.gateway.engine_watcher import EngineWatcher
 from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.loop_lag import watch_loop_lag
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.pipeline import (
-    UNAUTHORIZED,
-    Admission,
-    ConfigIndex,
-    RequestPipeline,
-)
-from kvpool.gateway.pool_runtime import PoolRuntime
-from kvpool.gateway.proxy import (
-    StreamBrokenError,
-    UpstreamError,
+from kvpool.gateway.pipeline import Admission, RequestPipeline
+from kvpool.gateway.registry import PoolRegistry
+from kvpool.gateway.request import Kind, ParsedRequest, build_upstream_body
+from kvpool.gateway.settings import GatewaySettings
+from kvpool.gateway.upstream import (
+    AiohttpUpstream,
+    Upstream,
+    UpstreamCall,
     UpstreamLimits,
-    build_upstream_body,
-    proxy_request,
+    UpstreamResult,
 )
-from kvpool.gateway.request import Kind, bound_upstream_output
-
-__all__ = ["UNAUTHORIZED", "Admission", "ConfigIndex", "Gateway", "GatewaySettings"]
+from kvpool.gateway.usage import UsageMeter
 
 log = logging.getLogger("kvpool.gateway")
 
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+SETTLE_ON_STOP_SECONDS = 5.0  # how long stop() waits for background settlements
 
 
-@dataclass(frozen=True)
-class GatewaySettings:
-    """Knobs of one gateway process (from the command line)."""
-
-    max_body_bytes: int = 8 * 1024 * 1024  # larger bodies: 413
-    upstream_connect_timeout: float = 2.0  # seconds to connect to an engine
-    upstream_first_token_timeout: float = 20.0  # a stream's first token must come by then
-    upstream_idle_timeout: float = 30.0  # longest pause between two chunks of a stream
-    upstream_timeout: float = 600.0  # seconds for a whole non-streaming answer
-    set_engine_priority: bool = True  # engines run --scheduling-policy priority
-    health_probe_interval: float = 0.5  # seconds between /health probes (0: no probes)
-    health_probe_timeout: float = 1.0  # a probe not answered by then is a failure
-    access_log: bool = True
-    body_timeout: float = 30.0  # seconds to receive the whole body (then 408)
-    metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
-    plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
-    learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
-    engine_poll_seconds: float = 0.25  # all gateways together poll each engine this often
-    borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
-
-
-class Gateway(RequestPipeline):
+class Gateway:
     """The gateway of one process: config, budgets, admission per pool, metrics, HTTP."""
 
     def __init__(
@@ -98,30 +80,56 @@ class Gateway(RequestPipeline):
         metrics: GatewayMetrics | None = None,
         tokenizers: TokenizerCache | None = None,
         wall_clock: Callable[[], float] = time.time,
+        capacity: CapacityShare | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
-        super().__init__(
-            config,
-            store,
-            settings or GatewaySettings(),
-            metrics or GatewayMetrics(),
-            tokenizers or TokenizerCache(),
-            wall_clock,
+        """``capacity`` defaults to the settings' static ``plan_share_percent``;
+        ``upstream`` to the real one (an aiohttp session opened by :meth:`start`)."""
+        self.settings = settings = settings or GatewaySettings()
+        self.store = store
+        self.metrics = metrics = metrics or GatewayMetrics()
+        self.tokenizers = tokenizers = tokenizers or TokenizerCache()
+        self.wall_clock = wall_clock
+        self.capacity = capacity or StaticShare(settings.plan_share_percent)
+        self.tasks = BackgroundTasks()  # settlements, tokenizer loads: awaited on stop
+        self._watchers = BackgroundTasks()  # loop lag, engine polls: cancelled on stop
+        self.index = ConfigIndex.build(config)
+        self.registry = PoolRegistry(
+            metrics,
+            self.capacity,
+            tokenizers,
+            self.tasks,
+            learn_reservations=settings.learn_reservations,
+            borrow_pause_usage=settings.borrow_pause_usage,
         )
-        self._session: aiohttp.ClientSession | None = None
-        self._started = False
-        self._watchers: list[asyncio.Task[None]] = []  # engine polls, loop lag
-        self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
-        self._kv_usage_series: dict[str, set[str]] = {}  # pool -> replicas with a usage gauge
-        self._config_generation = 0  # configs applied (a late tokenizer load is ignored)
-        self.metrics.watch_snapshots(
-            lambda: [s for r in self.runtimes.values() for s in r.track_snapshots()]
+        self.body = BodyWorker(tokenizers)
+        self.pipeline = RequestPipeline(
+            store,
+            metrics,
+            self.body,
+            self.registry,
+            self.capacity,
+            self.tasks,
+            access_log=settings.access_log,
+            wall_clock=wall_clock,
+        )
+        self.watcher = EngineWatcher(
+            self.registry,
+            metrics,
+            self.capacity,
+            self._fetch_engine_load,
+            settings.engine_poll_seconds,
         )
         self.ejector = ReplicaEjector(
-            self.metrics,
-            lambda: self.runtimes,
-            probe_interval=self.settings.health_probe_interval,
-            probe_timeout=self.settings.health_probe_timeout,
+            metrics,
+            lambda: self.registry.runtimes,
+            probe_interval=settings.health_probe_interval,
+            probe_timeout=settings.health_probe_timeout,
         )
+        self.upstream = upstream
+        self._session: aiohttp.ClientSession | None = None  # the engines' connection pool
+        self._started = False
+        metrics.watch_snapshots(self.registry.track_snapshots)
         self._config_info(config)
 
     @property
@@ -138,8 +146,8 @@ class Gateway(RequestPipeline):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the controllers and the upstream connection pool (on the running loop)."""
-        self._sync_runtimes(self.index)
+        """Create the runtimes and the engines' connection pool (on the running loop)."""
+        self._sync(self.index)
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.settings.upstream_connect_timeout
         )
@@ -147,34 +155,31 @@ class Gateway(RequestPipeline):
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=connector, auto_decompress=False
         )
+        if self.upstream is None:
+            self.upstream = AiohttpUpstream(self._session, self.upstream_limits)
         self.ejector.start()
         self._started = True
-        self._watchers.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag)))
+        self._watchers.spawn(watch_loop_lag(self.metrics.loop_lag), "loop lag")
         if self.settings.engine_poll_seconds > 0:
-            self._watchers.append(asyncio.create_task(self._watch_engines()))
+            self._watchers.spawn(self.watcher.run(), "engine polls")
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
-        for watcher in self._watchers:
-            watcher.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
-        self._watchers.clear()
+        await self._watchers.cancel()
         await self.ejector.stop()
         self.body.close()
-        for runtime in self.runtimes.values():
-            runtime.close()
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=5)
+        self.registry.close()
+        await self.tasks.wait(timeout=SETTLE_ON_STOP_SECONDS)
         if self._session is not None:
             await self._session.close()
         await self.store.close()
 
     def apply_config(self, config: AdmissionConfig) -> None:
         """Swap in a new config; in-flight requests keep theirs and their reservations."""
-        index = ConfigIndex.build(config, self.settings.plan_share_percent)
+        index = ConfigIndex.build(config)
         self.index = index
         if self._started:
-            self._sync_runtimes(index)
+            self._sync(index)
         self.metrics.config_reloads.labels("applied").inc()
         self._config_info(config)
 
@@ -182,143 +187,28 @@ class Gateway(RequestPipeline):
         """A new config did not parse; the old one stays."""
         self.metrics.config_reloads.labels("rejected").inc()
 
+    def _sync(self, index: ConfigIndex) -> None:
+        for pool in self.registry.sync(index):
+            self.watcher.forget_pool(pool)
+        self.ejector.forget_absent()
+
     def _config_info(self, config: AdmissionConfig) -> None:
         self.metrics.config_info.clear()
         self.metrics.config_info.labels(config.namespace, config.generated_at or "").set(1)
-        # Load each pool's tokenizer now (not on its first request) and say which pools
-        # count prompts by the byte estimate. Loading reads and parses files (a large
-        # tokenizer.json takes a second): on a worker thread once the loop runs.
-        self._config_generation += 1
-        paths = {pool.name: pool.tokenizer_path for pool in config.pools}
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # constructing, before the loop: nothing to block yet
-            self._flag_tokenizers(self._config_generation, self._load_tokenizers(paths))
-            return
-        self._in_background(self._load_tokenizers_off_loop(self._config_generation, paths))
+        self.registry.load_tokenizers(config)
 
-    def _load_tokenizers(self, paths: dict[str, str | None]) -> dict[str, bool]:
-        return {pool: self.tokenizers.get(path) is not None for pool, path in paths.items()}
-
-    async def _load_tokenizers_off_loop(
-        self, generation: int, paths: dict[str, str | None]
-    ) -> None:
-        self._flag_tokenizers(generation, await asyncio.to_thread(self._load_tokenizers, paths))
-
-    def _flag_tokenizers(self, generation: int, loaded: dict[str, bool]) -> None:
-        """Set ``tokenizer_fallback`` per pool, unless a newer config came meanwhile."""
-        if generation != self._config_generation:
-            return
-        self.metrics.tokenizer_fallback.clear()
-        for pool, ok in loaded.items():
-            self.metrics.tokenizer_fallback.labels(pool).set(0 if ok else 1)
-
-    def _sync_runtimes(self, index: ConfigIndex) -> None:
-        names = {p.name for p in index.config.pools}
-        for compiled in index.config.pools:
-            tiers = index.tiers_of(compiled)
-            pool = partition_pool(compiled, self.settings.plan_share_percent)
-            runtime = self.runtimes.get(pool.name)
-            if runtime is None:
-                self.runtimes[pool.name] = PoolRuntime(pool, tiers, self.metrics)
-            else:
-                runtime.reconfigure(pool, tiers)
-            self._sync_adaptation(pool, tiers)
-        for name in [n for n in self.runtimes if n not in names]:
-            self.runtimes.pop(name).close()
-            self.adaptations.pop(name, None)
-            self._forget_kv_usage(name, set())
-        self.ejector.forget_absent()
-
-    def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
-        adaptation = self.adaptations.get(pool.name)
-        if adaptation is None:
-            adaptation = self.adaptations[pool.name] = PoolAdaptation(
-                tiers,
-                pool.total_slots,
-                learn=self.settings.learn_reservations,
-                pause_usage=self.settings.borrow_pause_usage,
-            )
-        else:
-            adaptation.configure(tiers, pool.total_slots)
-        for tier in tiers:
-            self.metrics.overcommit_ratio.labels(pool.name, tier.name).set(
-                adaptation.ratio_of(tier.name)
-            )
-            limiter = adaptation.limiters.get(tier.name)
-            if limiter is not None:
-                self.metrics.ttft_target.labels(pool.name, tier.name).set(limiter.target_seconds)
-                self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
-
-    async def _watch_engines(self) -> None:
-        """Poll every replica's /metrics; correct admission with what the engines report.
-
-        Each of N gateway replicas polls every N x ``engine_poll_seconds`` (the engines'
-        poll budget is shared like the plan), from a random phase so that replicas started
-        together do not poll in step."""
-        period = partition_poll_period(
-            self.settings.engine_poll_seconds, self.settings.plan_share_percent
-        )
-        await asyncio.sleep(random.uniform(0, period))
-        while True:
-            await asyncio.sleep(period)
-            for name in list(self.runtimes):
-                try:
-                    await self._poll_pool(name)
-                except Exception as exc:  # one bad poll must not end the watch
-                    log.warning("engine poll of pool %s failed: %s", name, exc)
-
-    def _forget_kv_usage(self, pool: str, polled: set[str]) -> None:
-        """Drop the usage gauges of replicas no longer polled (gone, or not ready)."""
-        for replica in self._kv_usage_series.get(pool, set()) - polled:
-            with contextlib.suppress(KeyError):  # never set: its polls all failed
-                self.metrics.engine_kv_usage.remove(pool, replica)
-        if polled:
-            self._kv_usage_series[pool] = polled
-        else:
-            self._kv_usage_series.pop(pool, None)
-
-    async def _poll_pool(self, name: str) -> None:
-        runtime, adaptation = self.runtimes.get(name), self.adaptations.get(name)
-        if runtime is None or adaptation is None or self._session is None:
-            return
-        endpoints = [e for track in runtime.pool.tracks for e in track.endpoints if e.ready]
-        self._forget_kv_usage(name, {e.name for e in endpoints})
-        if not endpoints:
-            return
-        loads = await asyncio.gather(*(fetch_engine_load(self._session, e.url) for e in endpoints))
-        new, usage = 0, None
-        for endpoint, load in zip(endpoints, loads, strict=True):
-            if load is None:
-                self.metrics.engine_poll_errors.labels(name).inc()
-                continue
-            before = self._preemptions_seen.get(endpoint.url)
-            self._preemptions_seen[endpoint.url] = load.preemptions_total
-            if before is not None and load.preemptions_total > before:
-                new += load.preemptions_total - before
-            usage = load.kv_usage if usage is None else max(usage, load.kv_usage)
-            self.metrics.engine_kv_usage.labels(name, endpoint.name).set(load.kv_usage)
-        if usage is None:
-            return  # no engine answered: keep the last view (counted in poll errors)
-        if new:
-            self.metrics.engine_preemptions.labels(name).inc(new)
-        verdict = adaptation.engines(new, usage)
-        runtime.set_borrowing_paused(verdict.pause_borrowing)
-        self.metrics.borrowing_paused.labels(name).set(1 if verdict.pause_borrowing else 0)
-        for tier in adaptation.tiers:
-            self.metrics.overcommit_ratio.labels(name, tier.name).set(
-                adaptation.ratio_of(tier.name)
-            )
-
-    # -- decisions (steps 1-6) -------------------------------------------------------------
+    async def _fetch_engine_load(self, url: str) -> Any:
+        if self._session is None:
+            return None
+        return await fetch_engine_load(self._session, url)
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: web.Request, index: ConfigIndex) -> bytes:
         """The body, refused (413) before it is read when it is larger than any pool can
         take (:meth:`BodyWorker.body_limit`), and bounded in time (408)."""
         cap = self.settings.max_body_bytes
-        limit = await self.body.body_limit(self.index.config.pools, cap)
+        limit = await self.body.body_limit(index.config.pools, cap)
         too_large = GatewayError(
             413,
             "body_too_large",
@@ -346,72 +236,62 @@ class Gateway(RequestPipeline):
 
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions and /v1/completions."""
-        kind = ROUTES[request.path]
-        self.authenticate(request.headers.get("Authorization"), self.index)  # before the body
-        raw = await self._read_body(request)
-        admission, parsed = await self.admit(
-            kind, raw, request.headers.get("Authorization"), request.path, request.host
+        index = self.index  # this request's config, from authentication to admission
+        tenant = self.pipeline.authenticate(request.headers.get("Authorization"), index)
+        raw = await self._read_body(request, index)  # only for a known tenant
+        admission, parsed = await self.pipeline.admit(
+            index, tenant, ROUTES[request.path], raw, request.path, request.host
         )
-        status, label = 500, "error"
+        meter = UsageMeter()  # written by the upstream; read here if it ends without a result
+        status, label, usage = 500, "error", None
         self.metrics.in_flight.inc()
         try:
-            url = admission.admit.replica_url
-            if url is None:
-                raise GatewayError(
-                    503, "no_endpoint", "the pool lists no engine endpoint", OVERLOADED, 2.0
-                )
-            priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
-            body = build_upstream_body(
-                bound_upstream_output(parsed, admission.estimate.output_limit),
-                priority,
-                parsed.stream,
-            )
-            assert self._session is not None, "Gateway.start() was not called"
-            replica = admission.admit.replica
-            try:
-                response = await proxy_request(
-                    self._session,
-                    request,
-                    url.rstrip("/") + request.path,
-                    body,
-                    stream=parsed.stream,
-                    caller_wants_usage=parsed.include_usage,
-                    meter=admission.meter,
-                    limits=self.upstream_limits,
-                    track=lambda d: self.ejector.track(admission.pool.name, replica, d),
-                )
-            except UpstreamError as exc:
-                self.metrics.upstream_errors.labels(admission.pool.name, exc.kind).inc()
-                if replica is not None and exc.kind in ("connect", "timeout"):
-                    self.ejector.failure(
-                        admission.runtime,
-                        replica,
-                        "refused" if exc.kind == "connect" else "timeout",
-                    )
-                status, label = exc.status, exc.code
-                raise
-            except StreamBrokenError as exc:
-                self.metrics.upstream_errors.labels(admission.pool.name, "stream_broken").inc()
-                if replica is not None and exc.kind == "timeout":
-                    self.ejector.failure(admission.runtime, replica, "timeout")
-                status, label = 200, "engine_stream_broken"
-                return await exc.finish()
-            status, label = response.status, "ok" if response.status < 400 else "engine_rejected"
-            if admission.meter.client_gone:
-                status, label = 499, "client_gone"
-            return response
-        except asyncio.CancelledError:
+            result = await self._send(self._call(request, admission, parsed, meter), admission)
+            status, label, usage = result.status, result.label, result.usage
+            return result.response
+        except asyncio.CancelledError:  # the client went away: aiohttp cancelled the handler
             status, label = 499, "client_gone"
-            admission.meter.client_gone = True
             raise
         finally:
             self.metrics.in_flight.dec()
-            await self.finish(admission, status, label)
+            await self.pipeline.finish(admission, status, label, usage or meter.usage())
+
+    def _call(
+        self, request: web.Request, admission: Admission, parsed: ParsedRequest, meter: UsageMeter
+    ) -> UpstreamCall:
+        """The upstream call of an admitted request (503 if its pool lists no endpoint)."""
+        url = admission.admit.replica_url
+        if url is None:
+            raise GatewayError(
+                503, "no_endpoint", "the pool lists no engine endpoint", OVERLOADED, 2.0
+            )
+        priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
+        return UpstreamCall(
+            url=url.rstrip("/") + request.path,
+            body=build_upstream_body(parsed, admission.estimate.output_limit, priority),
+            stream=parsed.stream,
+            caller_wants_usage=parsed.include_usage,
+            client=request,
+            on_first_token=admission.on_first_token,
+            track=partial(self.ejector.track, admission.pool.name, admission.admit.replica),
+            meter=meter,
+        )
+
+    async def _send(self, call: UpstreamCall, admission: Admission) -> UpstreamResult:
+        """Relay the call; report how it failed (metrics, outlier ejection)."""
+        assert self.upstream is not None, "Gateway.start() was not called"
+        result = await self.upstream.send(call)
+        if result.error_kind is not None:
+            self.metrics.upstream_errors.labels(admission.pool.name, result.error_kind).inc()
+        replica = admission.admit.replica
+        if replica is not None and result.replica_fault is not None:
+            self.ejector.failure(admission.runtime, replica, result.replica_fault)
+        return result
 
     async def handle_models(self, request: web.Request) -> web.Response:
         """GET /v1/models: the pools' served names."""
         index = self.index
-        self.authenticate(request.headers.get("Authorization"), index)
+        self.pipeline.authenticate(request.headers.get("Authorization"), index)
         created = 0
         data = [
             {"id": p.served_name, "object": "model", "created": created, "owned_by": "kvpool"}

@@ -1,0 +1,151 @@
+"""The pools this gateway admits to: their runtimes, what they learned, their tokenizers.
+
+Why this module exists: every pool of the config needs three things that outlive a
+single request and must follow each config reload - a
+:class:`~kvpool.gateway.pool_runtime.PoolRuntime` (admission on the event loop, with the
+reservations in flight), a :class:`~kvpool.domain.admission.adaptation.PoolAdaptation`
+(learned outputs, overcommit ratio, TTFT limiters) and its tokenizer loaded. Before, the
+HTTP server created and mutated them while the request pipeline owned them; here one
+object owns them and the others ask it.
+
+- :meth:`PoolRegistry.sync`: adopt a config. A new pool gets a runtime; a pool that
+  stays is reconfigured (its in-flight reservations are kept); a pool that left has its
+  waiters rejected (``pool_removed``) and its learned state dropped. Returns the names of
+  the pools that left, so the engine watcher and outlier ejection can forget them.
+- :meth:`PoolRegistry.refresh_capacity`: re-apply this replica's share
+  (:mod:`kvpool.gateway.capacity`) to one pool at any moment, without a config: the
+  runtime adopts the new view and keeps its reservations. A share that moves often
+  (capacity leases) calls it whenever a pool's share changed; it costs one
+  ``reconfigure``, no config parse.
+- :meth:`PoolRegistry.load_tokenizers`: load each pool's tokenizer when a config comes
+  (not on its first request) and set ``kvpool_gateway_tokenizer_fallback{pool}`` (1 while
+  the pool counts prompts by the byte estimate). A load reads and parses files (a large
+  ``tokenizer.json`` takes a second), so once the loop runs it is done on a worker thread
+  in the background; a load that ends after a newer config came is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvpool.adapters.background import BackgroundTasks
+from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import AdmissionConfig, CompiledPool, CompiledTier
+from kvpool.domain.admission import AdmissionSnapshot
+from kvpool.domain.admission.adaptation import PoolAdaptation
+from kvpool.gateway.capacity import CapacityShare
+from kvpool.gateway.config_index import ConfigIndex
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.pool_runtime import PoolRuntime
+
+
+class PoolRegistry:
+    """The runtime, adaptation and tokenizer state of every pool of the config."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        capacity: CapacityShare,
+        tokenizers: TokenizerCache,
+        tasks: BackgroundTasks,
+        *,
+        learn_reservations: bool = True,
+        borrow_pause_usage: float = 0.97,
+    ) -> None:
+        self.metrics = metrics
+        self.capacity = capacity
+        self.tokenizers = tokenizers
+        self.learn_reservations = learn_reservations
+        self.borrow_pause_usage = borrow_pause_usage
+        self.runtimes: dict[str, PoolRuntime] = {}
+        self.adaptations: dict[str, PoolAdaptation] = {}  # pool -> learned/measured state
+        self._plans: dict[str, tuple[CompiledPool, list[CompiledTier]]] = {}  # as compiled
+        self._tasks = tasks
+        self._tokenizer_generation = 0  # configs whose tokenizers were asked for
+
+    # -- config ----------------------------------------------------------------------------
+
+    def sync(self, index: ConfigIndex) -> list[str]:
+        """Adopt ``index``'s pools (on the running loop); the names of the pools that left."""
+        names = {p.name for p in index.config.pools}
+        for compiled in index.config.pools:
+            self._plans[compiled.name] = (compiled, index.tiers_of(compiled))
+            self.refresh_capacity(compiled.name)
+        removed = [name for name in self.runtimes if name not in names]
+        for name in removed:
+            self.runtimes.pop(name).close()
+            self.adaptations.pop(name, None)
+            self._plans.pop(name, None)
+        return removed
+
+    def refresh_capacity(self, name: str) -> None:
+        """Apply this replica's current share of ``name``'s plan to its runtime (in-flight
+        reservations are kept). Unknown pools are ignored."""
+        plan = self._plans.get(name)
+        if plan is None:
+            return
+        compiled, tiers = plan
+        pool = self.capacity.pool_view(compiled)
+        runtime = self.runtimes.get(name)
+        if runtime is None:
+            self.runtimes[name] = PoolRuntime(pool, tiers, self.metrics)
+        else:
+            runtime.reconfigure(pool, tiers)
+        self._sync_adaptation(pool, tiers)
+
+    def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
+        adaptation = self.adaptations.get(pool.name)
+        if adaptation is None:
+            adaptation = self.adaptations[pool.name] = PoolAdaptation(
+                tiers,
+                pool.total_slots,
+                learn=self.learn_reservations,
+                pause_usage=self.borrow_pause_usage,
+            )
+        else:
+            adaptation.configure(tiers, pool.total_slots)
+        for tier in tiers:
+            self.metrics.overcommit_ratio.labels(pool.name, tier.name).set(
+                adaptation.ratio_of(tier.name)
+            )
+            limiter = adaptation.limiters.get(tier.name)
+            if limiter is not None:
+                self.metrics.ttft_target.labels(pool.name, tier.name).set(limiter.target_seconds)
+                self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
+
+    def track_snapshots(self) -> list[tuple[str, AdmissionSnapshot]]:
+        """Every pool's per-track in-use vs plan views (for the scrape-time gauges)."""
+        return [s for runtime in self.runtimes.values() for s in runtime.track_snapshots()]
+
+    def close(self) -> None:
+        """Reject whoever still waits in any pool (shutdown)."""
+        for runtime in self.runtimes.values():
+            runtime.close()
+
+    # -- tokenizers ------------------------------------------------------------------------
+
+    def load_tokenizers(self, config: AdmissionConfig) -> None:
+        """Load every pool's tokenizer and flag the pools that fall back to the byte
+        estimate: inline before the loop runs (construction), else on a worker thread."""
+        self._tokenizer_generation += 1
+        paths = {pool.name: pool.tokenizer_path for pool in config.pools}
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # constructing, before the loop: nothing to block yet
+            self._flag_tokenizers(self._tokenizer_generation, self._load(paths))
+            return
+        self._tasks.spawn(self._load_off_loop(self._tokenizer_generation, paths), "tokenizer load")
+
+    def _load(self, paths: dict[str, str | None]) -> dict[str, bool]:
+        return {pool: self.tokenizers.get(path) is not None for pool, path in paths.items()}
+
+    async def _load_off_loop(self, generation: int, paths: dict[str, str | None]) -> None:
+        self._flag_tokenizers(generation, await asyncio.to_thread(self._load, paths))
+
+    def _flag_tokenizers(self, generation: int, loaded: dict[str, bool]) -> None:
+        """Set ``tokenizer_fallback`` per pool, unless a newer config came meanwhile."""
+        if generation != self._tokenizer_generation:
+            return
+        self.metrics.tokenizer_fallback.clear()
+        for pool, ok in loaded.items():
+            self.metrics.tokenizer_fallback.labels(pool).set(0 if ok else 1)

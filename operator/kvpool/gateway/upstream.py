@@ -1,0 +1,393 @@
+"""Send an admitted request to its engine, relay the answer, and say how it went.
+
+Why this module exists: the handler should not know how an engine fails. :class:`Upstream`
+is the seam (httpx's transport interface is the model): ``send(call)`` relays one request
+and returns an :class:`UpstreamResult` - the status the client got, a label for metrics
+and the access log, the usage the engine reported (or that was observed), and whether the
+replica is at fault (for outlier ejection). :class:`AiohttpUpstream` is the real one, over
+one pooled ``aiohttp.ClientSession``; tests of the request path that need no socket pass
+a fake (tests/support/upstream.py).
+
+The real relay measures the real usage: non-streaming responses carry ``usage``; for
+streams the request body asks the engine for ``stream_options: {include_usage: true}``
+(:func:`kvpool.gateway.request.build_upstream_body`) and the final usage chunk is removed
+again when the caller did not ask for it. If a stream breaks off (client gone, engine
+died), the usage is the prompt plus one token per content chunk relayed so far - a lower
+bound: the budget settlement (``decide_settlement``) then keeps the reservation charged.
+
+Bodies are passed through as bytes (the engine's JSON is not re-encoded). Only a short
+allowlist of headers goes upstream (accept, user agent; the content type is always JSON):
+nothing the caller sends - ``priority``, ``x-priority`` or any other header - can
+influence the engine's scheduling.
+
+Engine failures become answers a client can act on, classified here:
+
+===========================================  ===================================  =========
+engine ...                                   answer (label)                       replica
+===========================================  ===================================  =========
+refuses the connection                       503 ``engine_unavailable``           refused
+sends no first token / answer in time        504 ``engine_timeout``               timeout
+answers 5xx / drops the connection           502 ``engine_error``                 -
+answers 4xx (it rejects the request)         passed through (``engine_rejected``)  -
+stream stalls after it started               SSE ``error`` event, 200             timeout
+stream breaks after it started               SSE ``error`` event, 200             -
+===========================================  ===================================  =========
+
+(the label of the three error answers is their code; both stream failures are labelled
+``engine_stream_broken``; a client that went away is 499 ``client_gone``).
+
+Timeouts (:class:`UpstreamLimits`): a stream gets a first-token timeout and then an idle
+timeout between chunks, a non-streaming answer a total timeout; outlier ejection
+(:mod:`kvpool.gateway.ejection`) expires them early when the replica is found hung
+(``call.track`` registers the deadline).
+
+Client disconnect: the request handler is cancelled (aiohttp ``handler_cancellation``) or
+a write fails; leaving the ``async with`` closes the upstream connection, which makes vLLM
+abort the request and free its KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from kvpool.domain.outlier import FailureKind
+from kvpool.gateway.errors import UPSTREAM, GatewayError
+from kvpool.gateway.usage import Usage, UsageMeter
+
+FORWARDED_HEADERS = ("Accept", "User-Agent")
+SSE_DATA = b"data: "
+SSE_DONE = b"[DONE]"
+SSE_END = b"\n\n"  # vLLM ends every event with a blank line
+STREAM_BROKEN = "engine_stream_broken"
+
+
+@dataclass(frozen=True)
+class UpstreamLimits:
+    """Timeouts of one upstream request (seconds).
+
+    A stream must show its first token within ``first_token`` and then never stall longer
+    than ``idle`` between chunks; a non-streaming answer (the engine sends nothing until it
+    is done) gets ``total``. A hung engine is caught sooner by outlier ejection, which
+    expires the deadline of every request in flight on it."""
+
+    connect: float = 2.0
+    first_token: float = 20.0
+    idle: float = 30.0
+    total: float = 600.0
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    """One request for an engine, and where its answer goes."""
+
+    url: str  # the replica's URL with the request's path
+    body: bytes  # build_upstream_body's
+    stream: bool
+    caller_wants_usage: bool  # keep the final usage chunk of a stream
+    client: web.Request  # the caller: its answer is relayed to it
+    on_first_token: Callable[[], None] | None = None  # called once, at the first chunk
+    # registers the request's deadline while it is in flight (ejection expires it early)
+    track: Callable[[asyncio.Timeout], AbstractContextManager[None]] | None = None
+    meter: UsageMeter = field(default_factory=UsageMeter)  # written by the upstream only
+
+
+@dataclass(frozen=True)
+class UpstreamResult:
+    """How a call ended."""
+
+    status: int  # what the client got (499: it went away)
+    label: str  # ok, engine_rejected, client_gone, engine_stream_broken, or an error code
+    usage: Usage
+    replica_fault: FailureKind | None  # refused / timeout: report to outlier ejection
+    response: web.StreamResponse  # what the handler returns
+    error_kind: str | None = None  # for upstream_errors_total: connect, timeout, status_5xx,
+    # broken, stream_broken
+
+
+class Upstream(Protocol):
+    """Relays a request to an engine and its answer to the caller."""
+
+    async def send(self, call: UpstreamCall) -> UpstreamResult:
+        """Relay ``call``; a cancelled caller (client gone) propagates CancelledError with
+        ``call.meter.client_gone`` set."""
+        ...
+
+
+class _EngineFailedError(Exception):
+    """The engine failed before any answer reached the client."""
+
+    def __init__(
+        self, status: int, code: str, message: str, kind: str, fault: FailureKind | None
+    ) -> None:
+        super().__init__(message)
+        self.error = GatewayError(status, code, message, type=UPSTREAM)
+        self.kind = kind
+        self.fault = fault
+
+
+@dataclass
+class _Progress:
+    """How far one call got: the stream's response once its head was sent to the client."""
+
+    stream: web.StreamResponse | None = None
+
+
+class _StreamBrokenError(Exception):
+    """A stream that started and then failed upstream."""
+
+    def __init__(self, response: web.StreamResponse, message: str, fault: FailureKind | None):
+        super().__init__(message)
+        self.response = response
+        self.fault = fault
+
+
+def _timed_out() -> _EngineFailedError:
+    return _EngineFailedError(
+        504, "engine_timeout", "the engine did not answer in time", "timeout", "timeout"
+    )
+
+
+def _forward_headers(request: web.Request) -> dict[str, str]:
+    # The body sent upstream is the JSON the gateway parsed and rebuilt, whatever the caller
+    # declared (``curl -d`` says form-encoded), so its type is always application/json.
+    headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+    headers["Content-Type"] = "application/json"
+    return headers
+
+
+def _engine_message(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw)
+        error = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:300]
+        if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+            return str(doc["message"])[:300]
+    except (ValueError, RecursionError):
+        pass
+    return raw[:300].decode("utf-8", "replace")
+
+
+class AiohttpUpstream:
+    """The real upstream: one pooled aiohttp session to every engine."""
+
+    def __init__(self, session: aiohttp.ClientSession, limits: UpstreamLimits) -> None:
+        self.session = session
+        self.limits = limits
+
+    async def send(self, call: UpstreamCall) -> UpstreamResult:
+        meter = call.meter
+        progress = _Progress()
+        try:
+            response = await self._deadlined(call, progress)
+        except _EngineFailedError as failed:
+            return UpstreamResult(
+                failed.error.status,
+                failed.error.code,
+                meter.usage(),
+                failed.fault,
+                failed.error.response(),
+                failed.kind,
+            )
+        except _StreamBrokenError as broken:
+            await _end_stream_with_error(broken.response, str(broken))
+            return UpstreamResult(
+                200, STREAM_BROKEN, meter.usage(), broken.fault, broken.response, "stream_broken"
+            )
+        except asyncio.CancelledError:
+            meter.client_gone = True
+            raise
+        if meter.client_gone:
+            return UpstreamResult(499, "client_gone", meter.usage(), None, response)
+        label = "ok" if response.status < 400 else "engine_rejected"
+        return UpstreamResult(response.status, label, meter.usage(), None, response)
+
+    async def _deadlined(self, call: UpstreamCall, progress: _Progress) -> web.StreamResponse:
+        """The call under its deadline (``first_token`` for a stream, lifted at its first
+        token; ``total`` otherwise), registered with ``call.track``."""
+        limits = self.limits
+        first = limits.first_token if call.stream else limits.total
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(loop.time() + first) as deadline:
+                tracking = call.track(deadline) if call.track else contextlib.nullcontext()
+                with tracking:
+                    return await self._post(call, deadline, progress)
+        except TimeoutError as exc:
+            if progress.stream is not None:
+                raise _StreamBrokenError(
+                    progress.stream, "the engine stopped sending tokens in time", "timeout"
+                ) from exc
+            raise _timed_out() from exc
+
+    async def _post(
+        self, call: UpstreamCall, deadline: asyncio.Timeout, progress: _Progress
+    ) -> web.StreamResponse:
+        meter = call.meter
+        meter.sent = True
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self.limits.connect,
+            sock_read=self.limits.idle if call.stream else None,
+        )
+        headers = _forward_headers(call.client)
+        try:
+            async with self.session.post(
+                call.url, data=call.body, headers=headers, timeout=timeout
+            ) as upstream:
+                if upstream.status >= 500:
+                    raw = await upstream.read()
+                    raise _EngineFailedError(
+                        502,
+                        "engine_error",
+                        f"the engine failed (HTTP {upstream.status}): {_engine_message(raw)}",
+                        "status_5xx",
+                        None,
+                    )
+                content_type = upstream.headers.get("Content-Type", "")
+                streams = upstream.status == 200 and "text/event-stream" in content_type
+                if not call.stream or not streams:
+                    raw = await upstream.read()
+                    if upstream.status == 200:
+                        _meter_json(raw, meter)
+                    return web.Response(
+                        status=upstream.status,
+                        body=raw,
+                        content_type=content_type.split(";")[0] or "application/json",
+                    )
+                return await _relay_stream(call, upstream, deadline, progress)
+        except aiohttp.ClientConnectorError as exc:
+            meter.sent = False  # refused: the engine never saw the request
+            raise _EngineFailedError(
+                503,
+                "engine_unavailable",
+                f"the engine could not be reached ({exc.os_error or exc}); try again",
+                "connect",
+                "refused",
+            ) from exc
+        except TimeoutError as exc:
+            raise _timed_out() from exc
+        except aiohttp.ClientError as exc:
+            raise _EngineFailedError(
+                502,
+                "engine_error",
+                f"the engine connection failed: {type(exc).__name__}",
+                "broken",
+                None,
+            ) from exc
+
+
+def _meter_json(raw: bytes, meter: UsageMeter) -> None:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    if isinstance(doc, dict):
+        meter.take(doc.get("usage"))
+
+
+def _is_usage_only(payload: bytes, call: UpstreamCall) -> bool:
+    """Meter one SSE data payload; True if it is the final usage-only chunk."""
+    if payload == SSE_DONE:
+        return False
+    if b'"usage"' not in payload:
+        _content_chunk(call)
+        return False
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    usage = doc.get("usage")
+    if usage is not None:
+        call.meter.take(usage)
+    if doc.get("choices"):
+        _content_chunk(call)
+        return False
+    return usage is not None
+
+
+def _content_chunk(call: UpstreamCall) -> None:
+    if call.meter.chunk() and call.on_first_token is not None:
+        call.on_first_token()
+
+
+async def _write(response: web.StreamResponse, data: bytes, meter: UsageMeter) -> bool:
+    """Write to the client; False (and ``meter.client_gone``) if it went away."""
+    try:
+        await response.write(data)
+    except ConnectionError:  # leaving the relay closes the upstream request too
+        meter.client_gone = True
+        return False
+    return True
+
+
+async def _relay_stream(
+    call: UpstreamCall,
+    upstream: aiohttp.ClientResponse,
+    deadline: asyncio.Timeout,
+    progress: _Progress,
+) -> web.StreamResponse:
+    meter = call.meter
+    response = web.StreamResponse(
+        status=200,
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+    )
+    await response.prepare(call.client)
+    progress.stream = response
+    pending = b""
+    try:
+        async for data in upstream.content.iter_any():
+            if meter.chunks == 0 and SSE_DATA in data:
+                deadline.reschedule(None)  # first token seen: only the idle timeout is left
+            pending += data
+            if SSE_END not in pending:
+                continue
+            *events, pending = pending.split(SSE_END)
+            out = []
+            for event in events:
+                if event.startswith(SSE_DATA):
+                    usage_only = _is_usage_only(event[len(SSE_DATA) :].strip(), call)
+                    if usage_only and not call.caller_wants_usage:
+                        continue
+                out.append(event + SSE_END)
+            if out and not await _write(response, b"".join(out), meter):
+                return response
+        if pending.strip() and not await _write(response, pending, meter):
+            return response
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        TimeoutError,
+        ValueError,
+    ) as exc:
+        # the engine broke off mid-stream: tell the client in-band, the status is already sent
+        fault: FailureKind | None = "timeout" if isinstance(exc, TimeoutError) else None
+        raise _StreamBrokenError(
+            response, f"the engine stream broke off: {type(exc).__name__}", fault
+        ) from exc
+    await response.write_eof()
+    return response
+
+
+def stream_error_event(message: str) -> bytes:
+    """The in-band SSE event that ends a stream the engine broke off."""
+    error: dict[str, Any] = {"error": {"message": message, "type": UPSTREAM, "code": STREAM_BROKEN}}
+    return SSE_DATA + json.dumps(error).encode() + SSE_END
+
+
+async def _end_stream_with_error(response: web.StreamResponse, message: str) -> None:
+    """Write the error event and end the stream (ignoring a client already gone)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write(stream_error_event(message))
+        await response.write_eof()
