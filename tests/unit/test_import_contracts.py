@@ -1,7 +1,8 @@
 """The import-linter contracts catch what they are there for: a back-import fails lint.
 
-Why it exists: a layers contract that never breaks proves nothing (the circle behind the
-controller's ``TYPE_CHECKING`` imports once went unseen because no contract covered it).
+Why it exists: a layers contract that never breaks proves nothing (the circles behind the
+controller's and the gateway's ``TYPE_CHECKING`` imports once went unseen because no
+contract covered them).
 Each case copies the package to a temporary directory, adds one import that goes against
 a contract - under ``TYPE_CHECKING``, where a circle hides best - and runs ``lint-imports``
 on the copy: it must fail and name the import; the untouched copy must pass.
@@ -37,6 +38,28 @@ CASES = [
     Case("work-imports-root", "controller/pool.py", "kvpool.controller.wiring", "Operator"),
     Case("state-imports-work", "controller/state.py", "kvpool.controller.publisher", "Cache"),
     Case("rollout-imports-pool", "controller/rollout.py", "kvpool.controller.pool", "PoolOutcome"),
+    # the gateway's old circle: the pipeline took GatewaySettings from the server
+    Case(
+        "pipeline-imports-root",
+        "gateway/pipeline.py",
+        "kvpool.gateway.server",
+        "Gateway",
+        contract="gateway-layers",
+    ),
+    Case(
+        "bottom-imports-root",
+        "gateway/errors.py",
+        "kvpool.gateway.server",
+        "Gateway",
+        contract="gateway-layers",
+    ),
+    Case(
+        "part-imports-registry",
+        "gateway/pool_runtime.py",
+        "kvpool.gateway.registry",
+        "PoolRegistry",
+        contract="gateway-layers",
+    ),
 ]
 
 
