@@ -787,7 +787,7 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
     target = await _metric(client, "kvpool_gateway_tier_ttft_target_seconds", tier="interactive")
     assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
     assert p95 >= 0.03
-    assert gateway.registry.runtimes["tiny"].controller._lent_limits == {0: 2}
+    assert gateway.registry.runtimes["tiny"].controller._lending.limits == {0: 2}
 
 
 def _held_config(url: str, ttft: float | None) -> AdmissionConfig:
