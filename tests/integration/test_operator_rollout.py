@@ -27,7 +27,7 @@ from tests.integration.test_operator import (
     status,
 )
 from tests.operator_process import OperatorProcess, run_operator
-from tests.support.kube import KubeApi
+from tests.support.kube import KubeApi, write_kubeconfig
 from tests.support.waiting import wait_until
 
 OLD, NEW, NEWER = "vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.12.0", "vllm/vllm-openai:v0.13.0"
@@ -185,23 +185,34 @@ def test_an_operator_killed_at_every_phase_keeps_one_canary_and_stable(
         op.stop()
 
 
-def kubectl_kvpool(kube: KubeApi, tmp_path: Path, *args: str) -> str:
-    """``kubectl kvpool ...`` through the real kubectl, finding the plugin on the PATH."""
-    env = {
+def plugin_env(kubeconfig: Path, tmp_path: Path) -> dict[str, str]:
+    """What ``kubectl kvpool`` runs with: the venv's bin on the PATH, this kubeconfig."""
+    return {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-        "KUBECONFIG": str(kube.kubeconfig),
+        "KUBECONFIG": str(kubeconfig),
         "HOME": str(tmp_path),
     }
+
+
+def run_plugin(
+    kubeconfig: Path, tmp_path: Path, *args: str, expect: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl kvpool ...`` through the real kubectl, finding the plugin on the PATH."""
     done = subprocess.run(
         ["kubectl", "kvpool", *args],
         check=False,
-        env=env,
+        env=plugin_env(kubeconfig, tmp_path),
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    assert done.returncode == expect, (done.stdout, done.stderr)
+    return done
+
+
+def kubectl_kvpool(kube: KubeApi, tmp_path: Path, *args: str) -> str:
+    """``kubectl kvpool ...`` with the emulator's own kubeconfig; must exit 0."""
+    return run_plugin(kube.kubeconfig, tmp_path, *args).stdout
 
 
 def test_the_kubectl_plugin_shows_and_drives_a_rollout(kube_api: KubeApi, tmp_path: Path) -> None:
@@ -227,6 +238,58 @@ def test_the_kubectl_plugin_shows_and_drives_a_rollout(kube_api: KubeApi, tmp_pa
         kubectl_kvpool(kube_api, tmp_path, "rollout", "resume", "chat")
         wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
         assert kube_api.client.get(mp("chat"))["spec"]["engine"]["image"] == NEW  # spec kept
+
+
+def test_the_plugin_follows_the_context_namespace_refuses_ignored_actions_and_watches(
+    kube_api: KubeApi, tmp_path: Path
+) -> None:
+    with run_operator(kube_api, tmp_path):
+        given_a_local_pool(kube_api)
+        annotate(kube_api, **{"kvpool.dev/canary-static-endpoints": CANARY_URLS})
+
+        # Given a kubeconfig whose context namespace is "elsewhere" (the pool is in default)
+        elsewhere = write_kubeconfig(tmp_path / "elsewhere", kube_api.url, namespace="elsewhere")
+        missing = run_plugin(elsewhere, tmp_path, "rollout", "status", "chat", expect=1)
+        assert "ModelPool elsewhere/chat not found" in missing.stderr
+        assert "kubectl kvpool rollout list -n elsewhere" in missing.stderr
+        shown = run_plugin(elsewhere, tmp_path, "rollout", "status", "chat", "-n", "default")
+        assert "ModelPool chat: Idle" in shown.stdout
+
+        # list: one line per pool
+        listed = kubectl_kvpool(kube_api, tmp_path, "rollout", "list").splitlines()
+        assert listed[0].split() == ["NAME", "PHASE", "STAGE", "STEP", "WEIGHT", "STABLE", "CANARY",
+                                     "REASON"]  # fmt: skip
+        assert listed[1].split()[:2] == ["chat", "Idle"]
+
+        # an action the operator would ignore is refused, and nothing is annotated
+        refused = run_plugin(kube_api.kubeconfig, tmp_path, "rollout", "abort", "chat", expect=1)
+        assert "no rollout in progress (phase Idle): 'abort' would be ignored" in refused.stderr
+        annotations = kube_api.client.get(mp("chat"))["metadata"].get("annotations", {})
+        assert "kvpool.dev/rollout" not in annotations
+
+        # --watch follows a rollout to its end: aborted is exit 1
+        set_image(kube_api, NEW)
+        watcher = subprocess.Popen(
+            ["kubectl", "kvpool", "rollout", "status", "chat", "--watch", "--interval", "0.2"],
+            env=plugin_env(kube_api.kubeconfig, tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until(lambda: phase(kube_api) == ("Progressing", "Starting", None))
+            refused = run_plugin(kube_api.kubeconfig, tmp_path, "rollout", "resume", "chat",
+                                 expect=1)  # fmt: skip
+            assert "'resume' does nothing in phase Progressing" in refused.stderr
+            done = kubectl_kvpool(kube_api, tmp_path, "rollout", "abort", "chat")
+            assert "rollout status chat -n default --watch" in done
+            out, err = watcher.communicate(timeout=60)
+        finally:
+            watcher.kill()
+            watcher.wait()
+        assert watcher.returncode == 1, err
+        assert "ModelPool chat: Progressing/Starting" in out
+        assert "ModelPool chat: Aborted/Starting (ManualAbort)" in out
 
 
 def test_an_unschedulable_canary_pauses_instead_of_stalling(
