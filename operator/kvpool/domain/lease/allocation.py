@@ -1,0 +1,285 @@
+"""The lease allocation: one pure function from every replica's demand to every lease.
+
+Why this module exists: when several gateway replicas admit against one plan, capacity
+must follow the requests, wherever the balancer sends them, with the plan's promises
+intact: each tier's floor where that tier's requests arrive, the rest by priority, and
+nothing idle on one replica while another has requests waiting. Every replica runs this
+function on the same table of reports (returned by its last renewal), so they agree on
+who should hold what; the grant (:mod:`.grant`) makes sure that a replica that computed
+from an older table can still never take what another one holds.
+
+The allocation, per dimension (KV tokens and slots, independently), with ``peak`` a
+replica's largest demand of the last few seconds and ``now`` its demand at the report
+(reserved plus queued):
+
+1. **Floors where their tier is.** A tier's floor is split max-min fair (:func:`fill`)
+   over the replicas' ``peak`` demand of that tier. What the demand does not need goes in
+   equal parts to the replicas where the tier is present (``peak > 0``), so a new request
+   finds floor at once where that tier arrives; a tier present nowhere has its floor placed
+   where the borrowers are (by total demand), where its lendable part is of use.
+2. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
+   first by the idle lendable floors it holds itself (as one replica would lend them).
+3. **The shared remainder by priority**, max-min fair across replicas within a tier.
+4. **Loans of idle floors.** What still waits borrows the idle lendable floors held by
+   *other* replicas, lowest-priority lenders first: a ``Wait`` tier's floor moves to the
+   borrower (and comes back as its borrowers finish), a ``Preempt`` tier's is booked on
+   both (the lender takes it back at once through the engines' preemption; see
+   :mod:`.model`).
+5. **Slack.** The shared remainder no one waits for is spread over the active replicas
+   (any demand in the last few seconds), so a burst starts without waiting for a renewal.
+
+Tenants' ``maxConcurrency``: split max-min fair over the replicas' peak in-flight+queued
+requests of the tenant, the rest in equal parts where the tenant is present. A tenant no
+replica reports gets nothing anywhere (its first request asks for a renewal).
+
+Worked example (slots only; floors interactive 4 (lend 100 %, Preempt), batch 2, eval 1,
+shared 1; replica ``b`` has 1 chat running (peak 2), replica ``a`` 6 batch and 3 eval
+requests waiting or running):
+
+    floors:  interactive -> b 4 (only b has interactive); batch -> a 2; eval -> a 1
+    at home: a's over-floor need is batch 4 + eval 2 = 6; a holds no idle lendable floor
+    shared:  1 -> a (batch first)                                  a needs 5 more
+    loans:   b's idle lendable interactive floor is 4 - 1 = 3 -> a 3 (batch; Preempt: b
+             keeps its floor of 4 and takes it back by preemption)
+    leases:  b: interactive 4                       (total 4)
+             a: batch 2, eval 1, shared 1, loan 3   (total 7; 7 + 4 = 11 > 8: the loan is
+                                                     preempted by b's next chats)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvpool.domain.admission.amount import Amount
+from kvpool.domain.lease.model import DIMENSIONS, Lease, LeasePlan, Report
+
+
+def fill(capacity: int, wants: Mapping[str, int]) -> dict[str, int]:
+    """Max-min fair split: each member gets ``min(want, level)`` for one level, so that the
+    sum is ``min(capacity, sum of wants)``. Integer shares; the rounding remainder goes to
+    the members that want more (ties by name), so the result is the same on every replica.
+
+    >>> fill(5, {"a": 1, "b": 10, "c": 10})
+    {'a': 1, 'b': 2, 'c': 2}
+    >>> fill(10, {"a": 1, "b": 3})
+    {'a': 1, 'b': 3}
+    """
+    if sum(max(0, w) for w in wants.values()) <= capacity:
+        return {m: max(0, w) for m, w in wants.items()}  # enough for everyone
+    out = dict.fromkeys(wants, 0)
+    left = max(0, capacity)
+    order = sorted(wants, key=lambda m: (wants[m], m))
+    for i, member in enumerate(order):
+        share = left // (len(order) - i)
+        give = min(max(0, wants[member]), share)
+        out[member] = give
+        left -= give
+    return out
+
+
+def spread(capacity: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """Split ``capacity`` in proportion to ``weights`` (equal parts when all are zero),
+    largest remainders first (ties by name); the parts sum to ``capacity``.
+
+    >>> spread(5, {"a": 1, "b": 1})
+    {'a': 3, 'b': 2}
+    >>> spread(4, {"a": 0, "b": 3})
+    {'a': 0, 'b': 4}
+    """
+    if not weights or capacity <= 0:
+        return dict.fromkeys(weights, 0)
+    use = weights if any(w > 0 for w in weights.values()) else dict.fromkeys(weights, 1)
+    total = sum(max(0, w) for w in use.values())
+    out = {m: capacity * max(0, w) // total for m, w in use.items()}
+    left = capacity - sum(out.values())
+    by_remainder = sorted(use, key=lambda m: (-(capacity * max(0, use[m]) % total), m))
+    for member in by_remainder[:left]:
+        out[member] += 1
+    return out
+
+
+def _dim(amount: Amount, dim: str) -> int:
+    return amount.tokens if dim == "tokens" else amount.slots
+
+
+class _Dimension:
+    """The allocation of one dimension (tokens or slots) of one plan."""
+
+    def __init__(self, plan: LeasePlan, reports: Mapping[str, Report], dim: str) -> None:
+        self.plan, self.dim = plan, dim
+        self.members = sorted(reports)
+        self.now: dict[str, dict[str, int]] = {}
+        self.peak: dict[str, dict[str, int]] = {}
+        for m in self.members:
+            tiers = reports[m].tiers
+            now: dict[str, int] = {}
+            peak: dict[str, int] = {}
+            self.now[m], self.peak[m] = now, peak
+            for t in plan.tiers:
+                d = tiers.get(t)
+                now[t] = _dim(d.now, dim) if d is not None else 0
+                peak[t] = max(now[t], _dim(d.peak, dim)) if d is not None else 0
+        self.active = [m for m in self.members if reports[m].active]
+        self.floors: dict[str, dict[str, int]] = {m: {} for m in self.members}
+        self.shared = dict.fromkeys(self.members, 0)
+        self.loans: dict[str, dict[str, int]] = {m: {} for m in self.members}
+
+    def run(self) -> None:
+        for tier in self.plan.tiers:
+            self._place_floor(tier)
+        need, idle = self._borrow_at_home()
+        left = _dim(self.plan.shared, self.dim)
+        for tier in self.plan.tiers:
+            given = fill(left, {m: need[m][tier] for m in self.members})
+            for member, amount in given.items():
+                self.shared[member] += amount
+                need[member][tier] -= amount
+                left -= amount
+        self._loan(need, idle)
+        for member, amount in spread(left, dict.fromkeys(self.active or self.members, 1)).items():
+            self.shared[member] += amount
+
+    def _place_floor(self, tier: str) -> None:
+        floor = _dim(self.plan.floors[tier], self.dim)
+        peaks = {m: self.peak[m][tier] for m in self.members}
+        placed = fill(floor, peaks)
+        left = floor - sum(placed.values())
+        if left > 0:
+            present = {m: 1 for m in self.members if peaks[m] > 0}
+            where = present or {m: sum(self.peak[m].values()) for m in self.members}
+            for member, extra in spread(left, where).items():
+                placed[member] += extra
+        for member, amount in placed.items():
+            self.floors[member][tier] = amount
+
+    def _borrow_at_home(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Per member, each tier's need above its floor after borrowing the member's own
+        idle lendable floors (lowest-priority lenders first, as the controller attributes
+        them), and the idle lendable floor left per tier."""
+        need: dict[str, dict[str, int]] = {}
+        idle: dict[str, dict[str, int]] = {}
+        for member in self.members:
+            floors, now = self.floors[member], self.now[member]
+            lendable = {
+                t: floors[t] * self.plan.lend_percent.get(t, 0) // 100 for t in self.plan.tiers
+            }
+            idle[member] = {
+                t: max(0, min(lendable[t], floors[t] - min(now[t], floors[t])))
+                for t in self.plan.tiers
+            }
+            need[member] = {}
+            for tier in self.plan.tiers:
+                over = max(0, now[tier] - floors[tier])
+                for lender in reversed(self.plan.tiers):
+                    if over <= 0:
+                        break
+                    if lender == tier:
+                        continue
+                    take = min(over, idle[member][lender])
+                    idle[member][lender] -= take
+                    over -= take
+                need[member][tier] = over
+        return need, idle
+
+    def _loan(self, need: dict[str, dict[str, int]], idle: dict[str, dict[str, int]]) -> None:
+        """Meet what still waits from the idle lendable floors other members hold,
+        lowest-priority lenders first (as the controller attributes borrowing)."""
+        for tier in self.plan.tiers:
+            for lender in reversed(self.plan.tiers):
+                if lender == tier or not any(need[m][tier] > 0 for m in self.members):
+                    continue
+                pool = sum(idle[m][lender] for m in self.members)
+                if pool <= 0:
+                    continue
+                wants = {
+                    m: min(need[m][tier], pool - idle[m][lender])
+                    for m in self.members
+                    if need[m][tier] > 0
+                }
+                for member, amount in fill(pool, wants).items():
+                    booked = self._take_idle(idle, lender, amount, borrower=member)
+                    if booked <= 0:
+                        continue
+                    self.loans[member][lender] = self.loans[member].get(lender, 0) + booked
+                    need[member][tier] -= booked
+
+    def _take_idle(
+        self, idle: dict[str, dict[str, int]], lender: str, amount: int, borrower: str
+    ) -> int:
+        """Book a loan of ``lender``'s floor against the idle floor other members hold,
+        largest first; a ``Wait`` tier's floor moves (the lender holds that much less),
+        a ``Preempt`` tier's is booked twice (see :mod:`.model`). Returns what was booked."""
+        booked = 0
+        for member in sorted(self.members, key=lambda m: (-idle[m][lender], m)):
+            if booked >= amount:
+                break
+            if member == borrower:
+                continue
+            take = min(amount - booked, idle[member][lender])
+            idle[member][lender] -= take
+            if lender not in self.plan.preempt:
+                self.floors[member][lender] -= take
+            booked += take
+        return booked
+
+
+def _tenant_shares(
+    plan: LeasePlan, reports: Mapping[str, Report], members: list[str]
+) -> dict[str, dict[str, int]]:
+    shares: dict[str, dict[str, int]] = {m: {} for m in members}
+    for tenant, limit in plan.tenants.items():
+        peaks = {
+            m: max(reports[m].tenants[tenant])
+            for m in members
+            if tenant in reports[m].tenants and max(reports[m].tenants[tenant]) > 0
+        }
+        if not peaks:
+            continue
+        placed = fill(limit, peaks)
+        left = limit - sum(placed.values())
+        for member, extra in spread(left, dict.fromkeys(peaks, 1)).items():
+            placed[member] += extra
+        for member, amount in placed.items():
+            shares[member][tenant] = amount
+    return shares
+
+
+def plan_leases(plan: LeasePlan, reports: Mapping[str, Report]) -> dict[str, Lease]:
+    """Every live replica's lease of ``plan``, from the reports of all of them (see the
+    module docstring). The leases' components sum to at most the plan's (loans to at
+    most the Preempt tiers' lendable floors), and floors and shared remainder are placed
+    in full whenever there is a replica.
+
+    >>> from kvpool.domain.lease.model import LeasePlan, Report, TierDemand
+    >>> plan = LeasePlan(("hi",), {"hi": Amount(100, 4)}, {"hi": 100}, frozenset(),
+    ...                  Amount(20, 2), Amount(120, 6))
+    >>> busy = Report({"hi": TierDemand(now=Amount(90, 3), peak=Amount(90, 3))})
+    >>> leases = plan_leases(plan, {"a": busy, "b": Report()})
+    >>> leases["a"].floors["hi"], leases["b"].floors["hi"], leases["a"].shared
+    (Amount(tokens=100, slots=4), Amount(tokens=0, slots=0), Amount(tokens=20, slots=2))
+    """
+    if not reports:
+        return {}
+    by_dim = {}
+    for dim in DIMENSIONS:
+        allocation = _Dimension(plan, reports, dim)
+        allocation.run()
+        by_dim[dim] = allocation
+    tokens, slots = by_dim["tokens"], by_dim["slots"]
+    members = tokens.members
+    tenants = _tenant_shares(plan, reports, members)
+    leases: dict[str, Lease] = {}
+    for member in members:
+        lenders = set(tokens.loans[member]) | set(slots.loans[member])
+        leases[member] = Lease(
+            floors={
+                t: Amount(tokens.floors[member][t], slots.floors[member][t]) for t in plan.tiers
+            },
+            shared=Amount(tokens.shared[member], slots.shared[member]),
+            loans={
+                t: Amount(tokens.loans[member].get(t, 0), slots.loans[member].get(t, 0))
+                for t in sorted(lenders)
+            },
+            tenants=tenants[member],
+        )
+    return leases

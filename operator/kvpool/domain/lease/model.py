@@ -1,0 +1,258 @@
+"""What is leased: the parts of a plan, a replica's demand report, and a lease.
+
+Why this module exists: a plan (a pool's, or a rollout track's) is not one number. Per
+tier it has a floor (of which a lendable part), then a shared remainder no tier owns,
+and the capacity of one engine replica; each in two dimensions, KV tokens and slots. A
+lease gives one gateway replica a part of each *component* of the plan:
+
+- ``floor.<dim>.<tier>``: part of the tier's floor (its lendable part follows from the
+  tier's ``lendPercent``, as in the planner);
+- ``shared.<dim>``: part of the shared remainder;
+- ``loan.<dim>.<tier>``: part of the tier's *idle lendable floor* placed on another replica
+  where borrowers wait (to this replica, it is shared capacity). For a ``reclaim: Wait``
+  tier the lender's floor shrinks by what it lends, and the tier gets it back as the
+  borrowers finish, as on one replica. For a ``reclaim: Preempt`` tier the loan is booked
+  twice on purpose: the lender keeps its floor and admits into it at once, and the engines'
+  priority scheduler preempts the borrowers, exactly what ``Preempt`` means on one replica
+  (docs/0003 §3); such loans are bounded by the tier's lendable floor;
+- ``tenant.<name>``: part of a tenant's ``maxConcurrency`` in this pool and track.
+
+The Redis grant checks each constraint group (:meth:`LeasePlan.groups`: the sum over
+replicas never exceeds the plan's figure); everything else (lendable parts, totals,
+per-engine capacity) is derived from the components, so a lease that passes the check is
+a consistent plan.
+
+Worked example (one engine of 1,843 usable tokens and 8 slots; floors interactive 921/4,
+batch 552/2, eval 192/1, shared 178/1; two gateways, chat on ``b``, batch and eval on
+``a``): :func:`~kvpool.domain.lease.allocation.plan_leases` gives ``b`` the whole
+interactive floor and ``a`` batch's and eval's floors and the shared remainder, plus a
+loan of interactive's idle lendable floor (what ``b``'s chats do not use); applied to the
+pool view (:func:`apply_lease`), ``a`` admits against 921 + 178 + loan tokens as one
+replica would let batch borrow the idle interactive floor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvpool.api.admission_config import CompiledPool, CompiledTier, TierAllocation
+from kvpool.domain.admission.amount import ZERO, Amount
+
+DIMENSIONS = ("tokens", "slots")
+
+
+def _part(amount: Amount, dim: str) -> int:
+    return amount.tokens if dim == "tokens" else amount.slots
+
+
+def _amount(parts: Mapping[str, int]) -> Amount:
+    return Amount(parts.get("tokens", 0), parts.get("slots", 0))
+
+
+@dataclass(frozen=True)
+class LeasePlan:
+    """The leasable components of one plan (a pool's or a track's), from its compiled view."""
+
+    tiers: tuple[str, ...]  # priority order, highest first
+    floors: Mapping[str, Amount]  # tier -> its floor, over the whole pool
+    lend_percent: Mapping[str, int]  # tier -> lendPercent
+    preempt: frozenset[str]  # tiers whose idle lendable floor may be loaned (reclaim Preempt)
+    shared: Amount  # the shared remainder
+    per_engine: Amount  # what one engine replica holds
+    tenants: Mapping[str, int] = field(default_factory=dict)  # tenant -> maxConcurrency
+
+    @property
+    def total(self) -> Amount:
+        """Floors plus the shared remainder (the plan's total)."""
+        return sum(self.floors.values(), ZERO) + self.shared
+
+    def lendable(self, tier: str, floor: Amount) -> Amount:
+        """The lendable part of ``floor`` (a part of tier's floor), as the planner rounds."""
+        pct = self.lend_percent.get(tier, 0)
+        return Amount(floor.tokens * pct // 100, floor.slots * pct // 100)
+
+    def groups(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Constraint groups: name -> (the plan's figure, the components that share it).
+
+        What the leases of all replicas may sum to, per group. A tier's floor and the loans
+        of its idle floor share one group (a ``Wait`` tier lends what it does not hold),
+        except for a ``Preempt`` tier, whose loans are booked twice and bounded apart by
+        its lendable floor (see the module docstring)."""
+        groups: dict[str, tuple[int, tuple[str, ...]]] = {}
+        for dim in DIMENSIONS:
+            for tier in self.tiers:
+                floor, loan = f"floor.{dim}.{tier}", f"loan.{dim}.{tier}"
+                figure = _part(self.floors[tier], dim)
+                if tier in self.preempt:
+                    groups[floor] = (figure, (floor,))
+                    groups[loan] = (_part(self.lendable(tier, self.floors[tier]), dim), (loan,))
+                else:
+                    groups[floor] = (figure, (floor, loan))
+            groups[f"shared.{dim}"] = (_part(self.shared, dim), (f"shared.{dim}",))
+        for tenant, limit in self.tenants.items():
+            groups[f"tenant.{tenant}"] = (limit, (f"tenant.{tenant}",))
+        return groups
+
+
+@dataclass(frozen=True)
+class TierDemand:
+    """One tier's demand on one replica."""
+
+    now: Amount = ZERO  # reserved by its requests in flight plus what its queue waits for
+    peak: Amount = ZERO  # the largest ``now`` of the last few seconds (where it arrives)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one replica reports for one plan at a renewal."""
+
+    tiers: Mapping[str, TierDemand] = field(default_factory=dict)
+    tenants: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (now, peak) requests
+
+    def demand(self, tier: str) -> TierDemand:
+        """The tier's demand (none if it did not report the tier)."""
+        return self.tiers.get(tier, TierDemand())
+
+    @property
+    def active(self) -> bool:
+        """Whether any tier had demand here in the last few seconds."""
+        return any(not d.peak.is_zero or not d.now.is_zero for d in self.tiers.values())
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One replica's part of a plan. Missing components are zero."""
+
+    floors: Mapping[str, Amount] = field(default_factory=dict)
+    shared: Amount = ZERO
+    loans: Mapping[str, Amount] = field(default_factory=dict)
+    tenants: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> Amount:
+        """Everything this replica may admit against."""
+        return sum(self.floors.values(), ZERO) + self.shared + sum(self.loans.values(), ZERO)
+
+    def components(self) -> dict[str, int]:
+        """The lease as the flat component vector the grant checks (zeros left out)."""
+        out: dict[str, int] = {}
+        for dim in DIMENSIONS:
+            for tier, floor in self.floors.items():
+                if value := _part(floor, dim):
+                    out[f"floor.{dim}.{tier}"] = value
+            for tier, loan in self.loans.items():
+                if value := _part(loan, dim):
+                    out[f"loan.{dim}.{tier}"] = value
+            if value := _part(self.shared, dim):
+                out[f"shared.{dim}"] = value
+        for tenant, limit in self.tenants.items():
+            if limit:
+                out[f"tenant.{tenant}"] = limit
+        return out
+
+    @classmethod
+    def from_components(cls, components: Mapping[str, int]) -> Lease:
+        """The inverse of :meth:`components` (unknown names are ignored)."""
+        floors: dict[str, dict[str, int]] = {}
+        loans: dict[str, dict[str, int]] = {}
+        shared: dict[str, int] = {}
+        tenants: dict[str, int] = {}
+        for name, value in components.items():
+            kind, _, rest = name.partition(".")
+            if kind == "tenant":
+                tenants[rest] = value
+                continue
+            dim, _, tier = rest.partition(".")
+            if dim not in DIMENSIONS:
+                continue
+            if kind == "shared" and not tier:
+                shared[dim] = value
+            elif kind == "floor" and tier:
+                floors.setdefault(tier, {})[dim] = value
+            elif kind == "loan" and tier:
+                loans.setdefault(tier, {})[dim] = value
+        return cls(
+            floors={t: _amount(p) for t, p in floors.items()},
+            shared=_amount(shared),
+            loans={t: _amount(p) for t, p in loans.items()},
+            tenants=tenants,
+        )
+
+
+def build_lease_plan(
+    view: CompiledPool,
+    tiers: Sequence[CompiledTier],
+    tenants: Mapping[str, int] | None = None,
+) -> LeasePlan:
+    """The leasable components of a pool's (or a track's) compiled view.
+
+    ``tiers`` are the pool's policy tiers; ``tenants`` the ``maxConcurrency`` of the tenants
+    that have one (each replica's part of it is leased like capacity)."""
+    ordered = sorted(tiers, key=lambda t: t.rank)
+    floors = {
+        t.name: Amount(
+            view.tiers[t.name].floor_tokens if t.name in view.tiers else 0,
+            view.tiers[t.name].floor_slots if t.name in view.tiers else 0,
+        )
+        for t in ordered
+    }
+    return LeasePlan(
+        tiers=tuple(t.name for t in ordered),
+        floors=floors,
+        lend_percent={t.name: t.lend_percent for t in ordered},
+        preempt=frozenset(t.name for t in ordered if t.reclaim == "Preempt"),
+        shared=Amount(view.shared_tokens, view.shared_slots).clamp0(),
+        per_engine=Amount(view.tokens_per_replica, view.slots_per_replica),
+        tenants=dict(tenants or {}),
+    )
+
+
+def _scaled(whole: int, part: int, of: int) -> int:
+    """``whole * part / of``, floored, never above ``whole`` (0 when ``of`` is 0)."""
+    if of <= 0:
+        return 0
+    return min(whole, whole * part // of)
+
+
+def apply_lease(view: CompiledPool, plan: LeasePlan, lease: Lease) -> CompiledPool:
+    """The pool view one replica admits against under ``lease``.
+
+    Floors and their lendable parts are the lease's; the shared remainder is the lease's
+    shared part plus its loans (a borrower does not care whose idle floor it uses); an
+    engine replica's capacity is scaled by the lease's share of the plan's total, so that
+    what all gateway replicas route to one engine stays within it (loans aside).
+    """
+    tiers = {
+        name: TierAllocation(
+            floor_tokens=floor.tokens,
+            floor_slots=floor.slots,
+            lendable_tokens=plan.lendable(name, floor).tokens,
+            lendable_slots=plan.lendable(name, floor).slots,
+        )
+        for name in plan.tiers
+        for floor in [lease.floors.get(name, ZERO)]
+    }
+    shared = lease.shared + sum(lease.loans.values(), ZERO)
+    total = lease.total
+    whole = plan.total
+    return view.model_copy(
+        update={
+            "tiers": tiers,
+            "shared_tokens": shared.tokens,
+            "shared_slots": shared.slots,
+            "total_tokens": total.tokens,
+            "total_slots": total.slots,
+            "tokens_per_replica": _scaled(view.tokens_per_replica, total.tokens, whole.tokens),
+            "slots_per_replica": _scaled(view.slots_per_replica, total.slots, whole.slots),
+        }
+    )
+
+
+def sum_components(vectors: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Component-wise sum of several lease (or claim) vectors."""
+    out: dict[str, int] = {}
+    for vector in vectors:
+        for name, value in vector.items():
+            out[name] = out.get(name, 0) + value
+    return out

@@ -1,0 +1,355 @@
+"""Capacity leases, decision by decision: the fair splits, the allocation, the grant, the
+fallback modes, and a lease applied to a pool view (tables of cases; the protocol as a
+whole is tests/unit/test_lease_properties.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvpool.domain.admission.amount import ZERO, Amount
+from kvpool.domain.lease import (
+    Lease,
+    LeaseClock,
+    LeaseMode,
+    LeasePlan,
+    Report,
+    TierDemand,
+    apply_lease,
+    build_lease_plan,
+    decide_grant,
+    decide_lease_mode,
+    equal_split,
+    fill,
+    plan_leases,
+    shrunk,
+    spread,
+)
+from tests.builders.compiled import CompiledPoolBuilder, compiled_tier
+
+A = Amount
+
+
+def three_tiers() -> LeasePlan:
+    """The examples' policy on one engine of 1,843 usable tokens and 8 slots."""
+    return LeasePlan(
+        tiers=("interactive", "batch", "eval"),
+        floors={"interactive": A(921, 4), "batch": A(552, 2), "eval": A(192, 1)},
+        lend_percent={"interactive": 100, "batch": 50, "eval": 100},
+        preempt=frozenset({"interactive"}),
+        shared=A(178, 1),
+        per_engine=A(1843, 8),
+    )
+
+
+def demand(now: Amount, peak: Amount | None = None) -> TierDemand:
+    return TierDemand(now=now, peak=peak if peak is not None else now)
+
+
+# -- fill and spread -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capacity", "wants", "expected"),
+    [
+        pytest.param(10, {"a": 3, "b": 3}, {"a": 3, "b": 3}, id="enough-for-all"),
+        pytest.param(5, {"a": 1, "b": 10, "c": 10}, {"a": 1, "b": 2, "c": 2}, id="max-min"),
+        pytest.param(4, {"a": 10, "b": 10}, {"a": 2, "b": 2}, id="equal-wants-equal-parts"),
+        pytest.param(5, {"a": 10, "b": 10}, {"a": 2, "b": 3}, id="remainder-by-name"),
+        pytest.param(0, {"a": 3}, {"a": 0}, id="nothing-to-give"),
+        pytest.param(3, {"a": 0, "b": 0}, {"a": 0, "b": 0}, id="no-wants"),
+        pytest.param(3, {"a": -2, "b": 5}, {"a": 0, "b": 3}, id="negative-want-is-none"),
+    ],
+)
+def test_fill_is_max_min_fair(capacity: int, wants: dict[str, int], expected: dict[str, int]):
+    assert fill(capacity, wants) == expected
+
+
+@pytest.mark.parametrize(
+    ("capacity", "weights", "expected"),
+    [
+        pytest.param(6, {"a": 1, "b": 2}, {"a": 2, "b": 4}, id="proportional"),
+        pytest.param(5, {"a": 1, "b": 1}, {"a": 3, "b": 2}, id="remainder-by-name"),
+        pytest.param(4, {"a": 0, "b": 0}, {"a": 2, "b": 2}, id="all-zero-equal"),
+        pytest.param(4, {"a": 0, "b": 3}, {"a": 0, "b": 4}, id="zero-weight-none"),
+        pytest.param(0, {"a": 1}, {"a": 0}, id="nothing"),
+        pytest.param(7, {}, {}, id="nobody"),
+    ],
+)
+def test_spread_hands_out_everything(capacity: int, weights: dict[str, int], expected):
+    assert spread(capacity, weights) == expected
+
+
+# -- the allocation ----------------------------------------------------------------------
+
+
+@dataclass
+class AllocationCase:
+    id: str
+    reports: dict[str, Report]
+    floors: dict[str, dict[str, Amount]]  # member -> tier -> expected floor
+    shared: dict[str, Amount] = field(default_factory=dict)
+    loans: dict[str, dict[str, Amount]] = field(default_factory=dict)
+    plan: LeasePlan = field(default_factory=three_tiers)
+
+
+ALLOCATION_CASES = [
+    AllocationCase(
+        id="skewed-ingress-chat-on-b-batch-and-eval-on-a",
+        reports={
+            "a": Report(
+                {"batch": demand(A(1500, 6)), "eval": demand(A(700, 3))},
+            ),
+            "b": Report({"interactive": demand(A(200, 1), A(400, 2))}),
+        },
+        floors={
+            "a": {"interactive": ZERO, "batch": A(552, 2), "eval": A(192, 1)},
+            "b": {"interactive": A(921, 4), "batch": ZERO, "eval": ZERO},
+        },
+        shared={"a": A(178, 1), "b": ZERO},
+        # b's idle interactive floor (921 - 200 tokens, 4 - 1 slots) is loaned to a
+        loans={"a": {"interactive": A(721, 3)}, "b": {}},
+    ),
+    AllocationCase(
+        id="idle-pool-floors-equal-shared-equal",
+        reports={"a": Report(), "b": Report()},
+        floors={
+            "a": {"interactive": A(461, 2), "batch": A(276, 1), "eval": A(96, 1)},
+            "b": {"interactive": A(460, 2), "batch": A(276, 1), "eval": A(96, 0)},
+        },
+        shared={"a": A(89, 1), "b": A(89, 0)},
+    ),
+    AllocationCase(
+        id="a-tier-present-on-one-replica-has-all-its-floor-there",
+        reports={
+            "a": Report({"interactive": demand(ZERO, A(100, 1))}),
+            "b": Report({"batch": demand(A(552, 2))}),
+        },
+        floors={
+            # eval is present nowhere: its floor goes where the demand is, in proportion
+            # (tokens: a 100, b 552 -> 29 and 163; slots: a 1, b 2 -> the one slot to b)
+            "a": {"interactive": A(921, 4), "batch": ZERO, "eval": A(29, 0)},
+            "b": {"interactive": ZERO, "batch": A(552, 2), "eval": A(163, 1)},
+        },
+        # the shared remainder nobody waits for goes to the active replicas, equally
+        shared={"a": A(89, 1), "b": A(89, 0)},
+        # b's batch fits its floor; nothing is borrowed
+    ),
+    AllocationCase(
+        id="ninety-ten-split-of-every-tier",
+        reports={
+            "a": Report(
+                {
+                    "interactive": demand(A(540, 3)),
+                    "batch": demand(A(900, 4)),
+                    "eval": demand(A(300, 2)),
+                }
+            ),
+            "b": Report(
+                {
+                    "interactive": demand(A(60, 1)),
+                    "batch": demand(A(100, 1)),
+                    "eval": demand(A(30, 1)),
+                }
+            ),
+        },
+        # each floor split max-min fair over the peaks: b's small demands are met in full;
+        # interactive's 321 tokens nobody needs are split equally where it is present;
+        # eval's one slot goes to the replica that wants more of it
+        floors={
+            "a": {"interactive": A(701, 3), "batch": A(452, 1), "eval": A(162, 1)},
+            "b": {"interactive": A(220, 1), "batch": A(100, 1), "eval": A(30, 0)},
+        },
+        shared={"a": A(178, 1), "b": ZERO},
+        # a's batch waits beyond its floor, a's own idle interactive floor and the shared
+        # remainder; b's idle interactive floor (220 - 60 tokens) is loaned to it
+        loans={"a": {"interactive": A(160, 0)}, "b": {}},
+    ),
+    AllocationCase(
+        id="a-wait-tier-lends-its-idle-floor-elsewhere-and-holds-that-much-less",
+        plan=LeasePlan(
+            tiers=("batch", "eval"),
+            floors={"batch": A(600, 4), "eval": A(200, 2)},
+            lend_percent={"batch": 50, "eval": 100},
+            preempt=frozenset(),
+            shared=ZERO,
+            per_engine=A(800, 6),
+        ),
+        reports={
+            "a": Report({"batch": demand(ZERO, A(100, 1))}),
+            "b": Report({"eval": demand(A(800, 6))}),
+        },
+        # batch's floor is on a (present there); half of it is lendable and idle: it moves
+        # to b, where eval waits beyond its own floor (reclaim Wait: it comes back as
+        # eval's requests end)
+        floors={
+            "a": {"batch": A(300, 2), "eval": ZERO},
+            "b": {"batch": ZERO, "eval": A(200, 2)},
+        },
+        loans={"a": {}, "b": {"batch": A(300, 2)}},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ALLOCATION_CASES, ids=lambda c: c.id)
+def test_allocation(case: AllocationCase) -> None:
+    leases = plan_leases(case.plan, case.reports)
+    assert {m: dict(lease.floors) for m, lease in leases.items()} == case.floors
+    if case.shared:
+        assert {m: lease.shared for m, lease in leases.items()} == case.shared
+    for member, loans in case.loans.items():
+        got = {t: v for t, v in leases[member].loans.items() if not v.is_zero}
+        assert got == {t: v for t, v in loans.items() if not v.is_zero}, member
+
+
+def test_no_replica_gets_no_lease() -> None:
+    assert plan_leases(three_tiers(), {}) == {}
+
+
+def test_the_allocation_is_the_same_whatever_order_the_reports_come_in() -> None:
+    reports = ALLOCATION_CASES[3].reports
+    backwards = dict(reversed(list(reports.items())))
+    assert plan_leases(three_tiers(), reports) == plan_leases(three_tiers(), backwards)
+
+
+@pytest.mark.parametrize(
+    ("limit", "tenants", "expected"),
+    [
+        pytest.param(4, {"a": (4, 4), "b": (0, 0)}, {"a": 4}, id="all-on-one-replica"),
+        pytest.param(4, {"a": (3, 3), "b": (3, 3)}, {"a": 2, "b": 2}, id="max-min"),
+        pytest.param(6, {"a": (1, 1), "b": (1, 2)}, {"a": 3, "b": 3}, id="rest-where-present"),
+        pytest.param(5, {}, {}, id="reported-nowhere-held-nowhere"),
+    ],
+)
+def test_a_tenants_max_concurrency_follows_its_requests(
+    limit: int, tenants: dict[str, tuple[int, int]], expected: dict[str, int]
+) -> None:
+    plan = LeasePlan(("t",), {"t": A(10, 1)}, {"t": 0}, frozenset(), ZERO, A(10, 1), {"x": limit})
+    reports = {
+        "a": Report(tenants={"x": tenants["a"]} if "a" in tenants else {}),
+        "b": Report(tenants={"x": tenants["b"]} if "b" in tenants else {}),
+    }
+    leases = plan_leases(plan, reports)
+    got = {m: lease.tenants["x"] for m, lease in leases.items() if lease.tenants.get("x")}
+    assert got == expected
+
+
+# -- the grant ---------------------------------------------------------------------------
+
+
+@dataclass
+class GrantCase:
+    id: str
+    others: dict[str, int]
+    desired: dict[str, int]
+    held: dict[str, int]
+    granted: dict[str, int]
+    claim: dict[str, int]
+    warming: bool = False
+
+
+GROUPS = {
+    "shared.slots": (4, ("shared.slots",)),
+    "floor.slots.batch": (2, ("floor.slots.batch", "loan.slots.batch")),
+}
+
+GRANT_CASES = [
+    GrantCase("free-capacity-is-granted", {}, {"shared.slots": 4}, {}, {"shared.slots": 4},
+              {"shared.slots": 4}),
+    GrantCase("never-what-others-claim", {"shared.slots": 3}, {"shared.slots": 4}, {},
+              {"shared.slots": 1}, {"shared.slots": 1}),
+    GrantCase("a-smaller-lease-still-claims-what-is-in-flight", {}, {"shared.slots": 1},
+              {"shared.slots": 3}, {"shared.slots": 1}, {"shared.slots": 3}),
+    GrantCase("others-over-capacity-give-nothing", {"shared.slots": 5}, {"shared.slots": 2},
+              {}, {}, {}),
+    GrantCase("warming-grows-nothing", {}, {"shared.slots": 4}, {"shared.slots": 1},
+              {"shared.slots": 1}, {"shared.slots": 1}, warming=True),
+    GrantCase("a-floor-and-its-loans-share-one-figure", {"loan.slots.batch": 1},
+              {"floor.slots.batch": 2}, {}, {"floor.slots.batch": 1}, {"floor.slots.batch": 1}),
+    GrantCase("the-callers-floor-claim-counts-against-its-own-loan",
+              {}, {"floor.slots.batch": 1, "loan.slots.batch": 2}, {"floor.slots.batch": 1},
+              {"floor.slots.batch": 1, "loan.slots.batch": 1},
+              {"floor.slots.batch": 1, "loan.slots.batch": 1}),
+    GrantCase("what-the-caller-holds-above-its-grant-counts-in-the-group",
+              {}, {"floor.slots.batch": 0, "loan.slots.batch": 2}, {"floor.slots.batch": 2},
+              {}, {"floor.slots.batch": 2}),
+    GrantCase("a-component-gone-from-the-plan-stays-claimed-while-held", {},
+              {"tenant.gone": 2}, {"tenant.gone": 1}, {}, {"tenant.gone": 1}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", GRANT_CASES, ids=lambda c: c.id)
+def test_grant(case: GrantCase) -> None:
+    grant = decide_grant(GROUPS, case.others, case.desired, case.held, warming=case.warming)
+    assert (grant.granted, grant.claim) == (case.granted, case.claim)
+
+
+# -- fallback ----------------------------------------------------------------------------
+
+CLOCK = LeaseClock(period=0.1, lease_ttl=2.5, member_ttl=3.0, redis_timeout=0.1)
+
+
+@pytest.mark.parametrize(
+    ("now", "last_ok", "failing_since", "mode"),
+    [
+        pytest.param(5.0, None, None, LeaseMode.NONE, id="never-leased"),
+        pytest.param(5.0, None, 1.0, LeaseMode.NONE, id="never-leased-redis-down"),
+        pytest.param(5.0, 4.0, None, LeaseMode.LEASED, id="fresh"),
+        pytest.param(5.0, 4.0, 4.5, LeaseMode.LEASED, id="failing-but-still-valid"),
+        pytest.param(7.0, 4.0, None, LeaseMode.EXPIRED, id="stalled-past-its-lease"),
+        pytest.param(6.6, 4.0, 4.1, LeaseMode.SHRUNK, id="redis-down-just-expired"),
+        pytest.param(6.95, 4.0, 4.1, LeaseMode.EQUAL, id="redis-down-settled"),
+        # stopped for 10 s, then resumed into an outage: shrunk first, like everyone
+        pytest.param(14.1, 4.0, 14.0, LeaseMode.SHRUNK, id="resumed-into-an-outage"),
+        pytest.param(14.5, 4.0, 14.0, LeaseMode.EQUAL, id="resumed-into-an-outage-settled"),
+    ],
+)
+def test_lease_mode(now: float, last_ok, failing_since, mode: LeaseMode) -> None:
+    assert decide_lease_mode(now, last_ok=last_ok, failing_since=failing_since, clock=CLOCK) == mode
+
+
+def test_the_equal_split_and_the_shrunk_lease_never_exceed_the_plan() -> None:
+    plan = three_tiers()
+    equal = equal_split(plan, 3)
+    assert equal.floors["interactive"] == A(307, 1)
+    assert equal.total.tokens * 3 <= plan.total.tokens
+    last = Lease(floors={"interactive": A(921, 4)}, shared=A(178, 1), loans={"batch": A(9, 1)})
+    low = shrunk(last, equal)
+    assert low.floors["interactive"] == A(307, 1) and low.loans == {}
+    assert low.shared == A(59, 0)
+
+
+# -- a lease as a pool view --------------------------------------------------------------
+
+
+def test_a_lease_applied_to_a_pool_is_a_consistent_plan() -> None:
+    pool = (
+        CompiledPoolBuilder("tiny")
+        .capacity(3686, 16)
+        .replica_capacity(1843, 8)
+        .tier("interactive", 1842, 8)
+        .tier("batch", 1104, 4)
+        .obj()
+    )
+    tiers = [
+        compiled_tier("interactive", 0, lend_percent=100, reclaim="Preempt"),
+        compiled_tier("batch", 1, lend_percent=50),
+    ]
+    plan = build_lease_plan(pool, tiers, {"acme": 3})
+    assert plan.total == A(3686, 16)
+    assert plan.groups()["loan.slots.interactive"] == (8, ("loan.slots.interactive",))
+    lease = Lease(
+        floors={"interactive": A(1000, 4), "batch": A(1104, 4)},
+        shared=A(100, 1),
+        loans={"interactive": A(200, 1)},
+    )
+    view = apply_lease(pool, plan, lease)
+    assert view.tiers["batch"].lendable_slots == 2  # batch lends half of its leased floor
+    assert (view.shared_tokens, view.shared_slots) == (300, 2)  # shared plus the loan
+    assert (view.total_tokens, view.total_slots) == (2404, 10)
+    # an engine holds the lease's share of what it holds in the plan
+    assert (view.tokens_per_replica, view.slots_per_replica) == (1843 * 2404 // 3686, 5)
+    assert Lease.from_components(lease.components()) == Lease(
+        floors=lease.floors, shared=lease.shared, loans=lease.loans
+    )
