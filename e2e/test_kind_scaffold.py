@@ -240,9 +240,13 @@ def test_the_tenant_key_and_secret_are_the_examples() -> None:
         if d["kind"] == "Secret"
     }
 
-    secret = secrets[values["apiKeySecret"]["name"]]
-    assert secret["stringData"][values["apiKeySecret"]["key"]] == variables["chat_key"]
-    assert secret["metadata"]["name"] == variables["chat_secret"]
+    key = next(s["stringData"]["api-key"] for s in secrets.values()
+               if s["stringData"]["api-key"] == variables["chat_key"])  # fmt: skip
+    assert key == variables["chat_key"]  # a tenant's key of examples/tenants.yaml
+    # helm test's Pod (release namespace) reads a copy run.sh makes there from that key
+    assert values["apiKeySecret"]["name"] == variables["test_secret"]
+    copy = f'create secret generic "$test_secret" --from-literal={values["apiKeySecret"]["key"]}='
+    assert copy + '"$chat_key"' in RUN_TEXT, "run.sh copies the key into the release namespace"
 
 
 def test_the_model_and_tier_run_sh_uses_are_the_tiny_pool_and_the_examples_policy() -> None:
@@ -274,7 +278,7 @@ def test_run_sh_runs_the_charts_helm_test_with_the_tenant_request() -> None:
     assert [p["metadata"]["annotations"]["helm.sh/hook"] for p in pods] == ["test"]
     env = {e["name"] for e in pods[0]["spec"]["containers"][0]["env"]}
     assert {"MODEL", "API_KEY", "GATEWAY_URL"} <= env
-    assert pods[0]["metadata"]["namespace"] == variables["pool_ns"]
+    assert pods[0]["metadata"]["namespace"] == variables["system_ns"]
 
 
 # --- the engine image -----------------------------------------------------------------------

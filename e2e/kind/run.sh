@@ -21,11 +21,12 @@ system_ns="kvpool-system"      # the Helm release's namespace (operator)
 kvpool_image="kvpool:e2e"
 engine_image="kvpool-tiny-engine:e2e"
 chat_key="replace-me-chat-product-key"  # examples/tenants.yaml, tenant chat-product
-chat_secret="tenant-chat-product"       # ... and the Secret holding it (key api-key)
+test_secret="helm-test-key"             # a copy of that key for `helm test` (release namespace)
 release="kvpool"                        # Helm release; its objects are named kvpool-*
 
 workdir="$(mktemp -d -t kvpool-kind-e2e.XXXXXX)"
 port_forward_pid=""
+metrics_forward_pid=""
 created_cluster=0
 
 log() { printf '\n==> %s\n' "$*"; }
@@ -52,15 +53,18 @@ preflight() {
 
 cleanup() {
   local status=$?
-  if [[ -n "$port_forward_pid" ]]; then
-    kill "$port_forward_pid" 2>/dev/null || true
-    wait "$port_forward_pid" 2>/dev/null || true
-  fi
+  local pid
+  for pid in "$port_forward_pid" "$metrics_forward_pid"; do
+    if [[ -n "$pid" ]]; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
   if ((status != 0)) && ((created_cluster == 1 || ${REUSE_CLUSTER:-0} == 1)); then
     log "diagnostics (exit status $status)"
     kubectl get kvpool,pods,deploy,cm -A -o wide 2>&1 | tail -n 60 || true
     kubectl -n "$system_ns" logs deploy/kvpool-operator --tail=80 2>&1 || true
-    kubectl -n "$pool_ns" logs deploy/kvpool-gateway --tail=40 2>&1 || true
+    kubectl -n "$system_ns" logs deploy/kvpool-gateway --tail=40 2>&1 || true
     kubectl -n "$pool_ns" describe modelpool tiny 2>&1 | tail -n 40 || true
   fi
   if ((created_cluster == 1)) && [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
@@ -117,6 +121,10 @@ apply_examples() {
 
 install_chart() {
   log "installing the Helm chart charts/kvpool (operator + gateway)"
+  # helm test's Pod runs in the release namespace: it reads the tenant's key from there
+  kubectl create namespace "$system_ns" --dry-run=client -o yaml | kubectl apply -f -
+  kubectl -n "$system_ns" create secret generic "$test_secret" --from-literal=api-key="$chat_key" \
+    --dry-run=client -o yaml | kubectl apply -f -
   helm upgrade --install "$release" "$repo/charts/kvpool" \
     --namespace "$system_ns" --create-namespace \
     --set image.repository=kvpool --set image.tag=e2e --set image.pullPolicy=Never \
@@ -126,7 +134,7 @@ install_chart() {
     --set gateway.replicas=1 \
     --set gateway.poolNamespace="$pool_ns" \
     --set helmTest.model=tiny \
-    --set helmTest.apiKeySecret.name="$chat_secret" \
+    --set helmTest.apiKeySecret.name="$test_secret" \
     --set helmTest.apiKeySecret.key=api-key
   kubectl -n "$system_ns" rollout status deploy/kvpool-operator --timeout=5m
 }
@@ -145,7 +153,7 @@ wait_for_pool() {
   kubectl get kvpool -A
   kubectl -n "$pool_ns" get configmap kvpool-admission >/dev/null \
     || fail "the operator published no kvpool-admission ConfigMap"
-  kubectl -n "$pool_ns" rollout status deploy/kvpool-gateway --timeout=10m
+  kubectl -n "$system_ns" rollout status deploy/kvpool-gateway --timeout=10m
 }
 
 helm_test() {
@@ -156,11 +164,15 @@ helm_test() {
 
 call_gateway() {
   log "port-forwarding the gateway to 127.0.0.1:$local_port and sending a request"
-  # The Service's port named http (whatever its number): kubectl forwards to its targetPort.
+  # The Services' ports by name (whatever their numbers): kubectl forwards to the targetPort.
+  # The API Service has the API port only; metrics have their own Service.
   local metrics_port=$((local_port + 1))
-  kubectl -n "$pool_ns" port-forward svc/kvpool-gateway "$local_port:http" "$metrics_port:metrics" \
+  kubectl -n "$system_ns" port-forward svc/kvpool-gateway "$local_port:http" \
     >"$workdir/port-forward.log" 2>&1 &
   port_forward_pid=$!
+  kubectl -n "$system_ns" port-forward svc/kvpool-gateway-metrics "$metrics_port:metrics" \
+    >"$workdir/port-forward-metrics.log" 2>&1 &
+  metrics_forward_pid=$!
   local base="http://127.0.0.1:$local_port" attempt
   for attempt in $(seq 1 60); do
     if curl -fsS "$base/readyz" >/dev/null 2>&1; then break; fi

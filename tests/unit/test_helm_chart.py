@@ -51,8 +51,9 @@ VALUE_CASES = {
     "redis-and-servicemonitors": {
         "gateway": {
             "replicas": 2,
-            "redisUrl": "redis://redis.kvpool:6379/0",
+            "redis": {"existingSecret": "kvpool-redis"},
             "poolNamespace": "llm",
+            "ingress": {"enabled": True},
         },
         "serviceMonitor": {"enabled": True},
         "engineMonitor": {"enabled": True},
@@ -64,7 +65,7 @@ VALUE_CASES = {
 def test_rendered_builtins_validate_strictly(values: dict[str, Any]) -> None:
     docs = render(values)
 
-    builtins = [d for d in docs if d["kind"] not in {"ServiceMonitor", "PodMonitor"}]
+    builtins = [d for d in docs if d["kind"] not in {"ServiceMonitor", "PodMonitor", "HTTPRoute"}]
     assert builtins
     for doc in builtins:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -108,12 +109,18 @@ def test_gateway_reads_the_compiled_config_shares_the_plan_and_uses_redis() -> N
     gateway = next(
         d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("gateway")
     )
-    assert gateway["metadata"]["namespace"] == "llm"
-    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--configmap=llm" in args
-    assert "--plan-share=50" in args  # two replicas, each admits against half the plan
-    assert "--redis=redis://redis.kvpool:6379/0" in args
+    assert gateway["metadata"]["namespace"] == "kvpool-system"  # the release's, not the pools'
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert "--configmap=llm" in container["args"]
+    assert "--plan-share=50" in container["args"]  # two replicas, each admits against half
+    assert container["env"] == [
+        {
+            "name": "KVPOOL_REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": "kvpool-redis", "key": "redis-url"}},
+        }
+    ]
     role = next(r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("gateway"))
+    assert role["metadata"]["namespace"] == "llm"  # where the ConfigMap is
     assert role["rules"] == [
         {
             "apiGroups": [""],
@@ -160,7 +167,7 @@ BAD_VALUES = {
     "unknown-top-level-key": {"gatewy": {}},
     "zero-operator-replicas": {"operator": {"replicas": 0}},
     "prometheus-url-without-scheme": {"operator": {"prometheusUrl": "prometheus:9090"}},
-    "redis-url-not-redis": {"gateway": {"redisUrl": "http://redis:6379"}},
+    "redis-url-not-redis": {"gateway": {"redis": {"url": "http://redis:6379"}}},
     "two-gateways-without-redis": {"gateway": {"replicas": 2}},
     "bad-pull-policy": {"image": {"repository": "x", "pullPolicy": "Sometimes"}},
     "network-policy-unknown-key": {"networkPolicy": {"enabled": True, "egress": []}},

@@ -63,10 +63,10 @@ def test_default_gateway_is_one_replica_with_memory_budgets_and_the_whole_plan()
         pytest.param(3, "rediss://r:6380/1", True, id="three-replicas-with-tls-redis"),
     ],
 )
-def test_schema_allows_several_gateways_only_with_redis(
+def test_chart_allows_several_gateways_only_with_redis(
     replicas: int, redis: str, accepted: bool
 ) -> None:
-    values = {"gateway": {"replicas": replicas, "redisUrl": redis}}
+    values = {"gateway": {"replicas": replicas, "redis": {"url": redis}}}
     if accepted:
         assert gateway_deployment(render(values))["spec"]["replicas"] == replicas
     else:
@@ -214,10 +214,12 @@ def test_defaults_set_no_scheduling_knobs() -> None:
 def test_service_port_is_configurable_and_targets_the_container_port() -> None:
     docs = render({"gateway": {"service": {"port": 8080}, "port": 9000, "metricsPort": 9001}})
 
-    service = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("gateway"))
-    assert service["spec"]["ports"] == [
-        {"name": "http", "port": 8080, "targetPort": "http"},
-        {"name": "metrics", "port": 9001, "targetPort": "metrics"},
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    assert services["kvpool-gateway"]["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http"}
+    ]
+    assert services["kvpool-gateway-metrics"]["spec"]["ports"] == [
+        {"name": "metrics", "port": 9001, "targetPort": "metrics"}
     ]
     container = pod_spec(gateway_deployment(docs))["containers"][0]
     assert container["ports"] == [
@@ -234,7 +236,7 @@ def test_chart_refuses_a_gateway_outside_the_watched_namespace() -> None:
     with pytest.raises(helm_python.HelmError, match=r"must equal operator\.watchNamespace"):
         render({"operator": {"watchNamespace": "llm"}})
     docs = render({"operator": {"watchNamespace": "llm"}, "gateway": {"poolNamespace": "llm"}})
-    assert gateway_deployment(docs)["metadata"]["namespace"] == "llm"
+    assert "--configmap=llm" in pod_spec(gateway_deployment(docs))["containers"][0]["args"]
 
 
 def test_notes_name_the_served_namespace_and_how_to_serve_the_examples() -> None:
@@ -249,12 +251,12 @@ def test_notes_name_the_served_namespace_and_how_to_serve_the_examples() -> None
 
 
 def test_notes_for_the_examples_namespace_print_its_commands_and_no_hint() -> None:
-    text = notes({"gateway": {"poolNamespace": "llm", "replicas": 2, "redisUrl": REDIS}})
+    text = notes({"gateway": {"poolNamespace": "llm", "replicas": 2, "redis": {"url": REDIS}}})
 
     assert "serves the ModelPools of namespace llm only" in text
     assert "--set gateway.poolNamespace" not in text
     assert "kubectl get kvpool -n llm" in text
-    assert "kubectl -n llm port-forward svc/kvpool-gateway" in text
+    assert "kubectl -n kvpool-system port-forward svc/kvpool-gateway" in text
     assert "2 replicas, budgets in Redis" in text
 
 

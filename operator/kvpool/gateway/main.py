@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -46,6 +47,7 @@ from kvpool.gateway.server import Gateway
 from kvpool.gateway.settings import GatewaySettings
 
 log = logging.getLogger("kvpool.gateway")
+REDIS_URL_ENV = "KVPOOL_REDIS_URL"  # the chart sets it from gateway.redis.existingSecret
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kube-server", help="Kubernetes API URL (default: in-cluster)")
     parser.add_argument("--kube-token", help="bearer token for --kube-server")
     parser.add_argument(
-        "--redis", metavar="URL", help="shared budgets in Redis (default: in memory)"
+        "--redis",
+        metavar="URL",
+        default=os.environ.get(REDIS_URL_ENV) or None,
+        help=f"shared budgets in Redis (default: ${REDIS_URL_ENV}, which keeps a password out "
+        "of the process arguments; unset: budgets in memory)",
     )
     parser.add_argument(
         "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
