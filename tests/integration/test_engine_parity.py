@@ -27,7 +27,7 @@ from kvpool.adapters.engine_metrics import fetch_engine_load
 from tests.builders import tiny_engine_admission_config
 from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory
-from tests.support.waiting import wait_until_async
+from tests.support.waiting import StopWaitingError, wait_until_async
 
 pytestmark = [pytest.mark.engine]
 
@@ -197,11 +197,17 @@ async def test_engine_load_is_read_from_the_engines_own_metrics(tiny_engine: Vll
             _post(session, tiny_engine.base_url + "/v1/completions", body)
         )
         busiest = 0.0
-        while not running.done():
+
+        async def sample_until_done() -> bool:
+            """One reading of the engine while the request runs; True once it ended."""
+            nonlocal busiest
             load = await fetch_engine_load(session, tiny_engine.base_url)
-            assert load is not None
+            if load is None:
+                raise StopWaitingError("the engine's /metrics did not answer while it ran")
             busiest = max(busiest, load.kv_usage)
-            await asyncio.sleep(0.02)  # sampling the real engine while it runs: a measurement
+            return running.done()
+
+        await wait_until_async(sample_until_done, 100, "the request's end", interval=0.02)
         status, _ = await running
         gone = await fetch_engine_load(session, "http://127.0.0.1:1")
         async with session.get(tiny_engine.metrics_url) as resp:

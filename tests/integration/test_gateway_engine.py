@@ -39,7 +39,7 @@ from tests.builders import tiny_engine_admission_config
 from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory, GatewayProcesses
 from tests.support.redis_server import RedisFactory
-from tests.support.waiting import ManualClock
+from tests.support.waiting import ManualClock, wait_until_async
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
@@ -105,14 +105,15 @@ async def test_the_gateway_reads_an_engine_load_as_a_full_parser_does(
         in_flight = [
             asyncio.create_task(session.post("/v1/completions", json=body)) for _ in range(10)
         ]
-        # until the engine reports them running (a cold engine may take seconds to start)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        async def read_while_busy() -> bool:
+            """One reading by both parsers; True once the engine reports them running."""
             text = await (await session.get("/metrics")).text()
             readings.append((parse_engine_metrics(text), reference_engine_load(text)))
-            if readings[-1][0].running and readings[-1][0].kv_usage:
-                break
-            await asyncio.sleep(0.05)
+            return bool(readings[-1][0].running and readings[-1][0].kv_usage)
+
+        # a cold engine may take seconds to start them
+        await wait_until_async(read_while_busy, 60, "the engine running the requests")
         statuses = []
         for response in await asyncio.gather(*in_flight):
             statuses.append(response.status)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from kvpool.adapters.engine_metrics import parse_engine_metrics
 from tests.support.engine import (
     EngineFactory,
     EngineStartError,
@@ -32,6 +33,7 @@ from tests.support.engine import (
 from tests.support.prometheus import PrometheusFactory
 from tests.support.redis_server import RedisFactory, ping
 from tests.support.tiny_model import DEFAULT_SPEC, KV_BYTES_PER_TOKEN, generation_seconds
+from tests.support.waiting import wait_until
 
 MIB = 1024 * 1024
 USABLE_TOKENS_2MIB = (16 - 1) * 128  # 16 blocks of 128 tokens, less the null block
@@ -262,7 +264,14 @@ def test_priority_orders_the_waiting_queue(engine: VllmEngine) -> None:
             ("high", 10, {"X-Vllm-Priority": "0"}),
         ]:
             queued.append(pool.submit(complete, name, priority, headers))
-            time.sleep(0.05)  # real time on purpose: the engine orders arrivals by its clock
+            # the engine orders arrivals by its own clock: the next one comes once this one
+            # waits in the engine's queue
+            wait_until(
+                lambda: parse_engine_metrics(engine.fetch_metrics_text()).waiting >= len(queued),
+                60,
+                f"{name} waiting in the engine",
+                interval=0.02,
+            )
         for future in [blocker, *queued]:
             future.result()
     assert sorted(queue_ms, key=queue_ms.__getitem__) == ["high", "mid", "low"], queue_ms

@@ -54,6 +54,7 @@ class FakeEngine:
     metrics_text: str | None = None  # served on /metrics when set (else 404)
     hold: asyncio.Event | None = None  # when set: no answer starts until the event is set
     health_delays: list[float] = field(default_factory=list)  # /health waits the next of these
+    health_answers: int = 0  # /health requests answered so far
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -67,8 +68,15 @@ class FakeEngine:
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.health_delays:  # a scripted late answer (then on time)
-            await asyncio.sleep(self.health_delays.pop(0))
+            await self._takes(self.health_delays.pop(0))
+        self.health_answers += 1
         return web.Response(text="")
+
+    @staticmethod
+    async def _takes(seconds: float) -> None:
+        """The engine's own time for a step (answering, generating a chunk): what this fake
+        models, so it is real time - the gateway's timeouts run on real time too."""
+        await asyncio.sleep(seconds)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.metrics_polls.append(asyncio.get_running_loop().time())
@@ -101,7 +109,7 @@ class FakeEngine:
                 {"error": {"message": "engine says no", "code": self.status}}, status=self.status
             )
         try:
-            await asyncio.sleep(self.delay)
+            await self._takes(self.delay)
             if self.hold is not None:
                 await self.hold.wait()
             chat = request.path.endswith("chat/completions")
@@ -132,7 +140,7 @@ class FakeEngine:
                 delta = {"delta": {"content": "x"}} if chat else {"text": "x"}
                 chunk = {"id": "fake", "choices": [{"index": 0, **delta}]}
                 await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                await asyncio.sleep(self.chunk_delay)
+                await self._takes(self.chunk_delay)
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {
                     "id": "fake",

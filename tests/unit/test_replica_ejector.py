@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +18,7 @@ from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.metrics import GatewayMetrics
 from tests.support.gateway import FakeEngine
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until_async
 
 
 class FakeRuntime:
@@ -90,21 +90,22 @@ def test_one_late_probe_ejects_nothing_two_in_a_row_do_and_refused_at_once() -> 
         ejector = ReplicaEjector(metrics, lambda: runtimes, probe_interval=0.02, probe_timeout=0.25)
         ejector.start()
         try:
-            deadline = time.monotonic() + 10
-            while delays and time.monotonic() < deadline:  # every late answer was probed
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # and a few on-time probes after them
-            assert not delays
+            # every late answer probed, then three on time: the last late probe has timed
+            # out (a replica's probes run one after another) and the next ones succeeded
+            await wait_until_async(lambda: not delays, 10, "every late /health answered")
+            answered = engine.health_answers
+            await wait_until_async(
+                lambda: engine.health_answers >= answered + 3, 10, "three on-time probes more"
+            )
             assert ejected(metrics, "chat", "late") == 0
             assert ejections(metrics, "chat", "health") == 0
             assert ejected(metrics, "chat", "gone") == 1
             assert ejections(metrics, "chat", "refused") >= 1
 
             delays.extend([0.6, 0.6])  # two late answers in a row: hung
-            while delays and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.4)  # the last late probe times out
-            assert ejections(metrics, "chat", "health") == 1
+            await wait_until_async(
+                lambda: ejections(metrics, "chat", "health") == 1, 10, "the hung replica ejected"
+            )
             assert ("late", True) in runtimes["chat"].calls
         finally:
             await ejector.stop()
