@@ -136,7 +136,7 @@ def bench_pure(objs: dict[str, list[dict[str, Any]]], repeat: int) -> dict[str, 
     tenants: dict[str, list[TenantInput]] = {ns: [] for ns in policies}
     for b in budgets:
         tenants[b.metadata.namespace or ""].append(
-            TenantInput(b, api_key_digest(f"sk-{b.metadata.name}"))
+            TenantInput(b, (api_key_digest(f"sk-{b.metadata.name}"),))
         )
 
     def compile_all() -> list[tuple[str, int]]:

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("kvpool.controller.main", "run the operator"),
     "gateway": ("kvpool.gateway.main", "run the admission gateway"),
     "rollout": ("kvpool.commands.rollout", "show or act on a ModelPool's canary rollout"),
+    "tenant": ("kvpool.commands.tenant", "create a tenant: a Secret with a new key and a budget"),
 }
 
 

@@ -52,7 +52,7 @@ def _tenant(tenant: str, key: str | None = "sk-1", **policy: str) -> TenantInput
     )
     if policy:
         builder = builder.policy(policy["policy"])
-    return TenantInput(budget=builder.obj(), key_sha256=api_key_digest(key) if key else None)
+    return TenantInput(budget=builder.obj(), key_sha256s=(api_key_digest(key) if key else None,))
 
 
 def test_pool_plan_numbers_pass_through_unchanged() -> None:
@@ -131,6 +131,36 @@ def test_tenants_carry_a_key_digest_never_the_key() -> None:
         and tenant.weight == 1
         and tenant.over_budget == "Reject"
     )
+
+
+A, B = api_key_digest("sk-old"), api_key_digest("sk-new")
+KEY_SETS = {
+    "one-key": ((A,), A, None),
+    "rotation-both-resolved": ((A, B), A, [B]),
+    "new-key-not-created-yet": ((A, None), A, None),
+    "old-key-secret-gone": ((None, B), B, None),
+    "same-key-twice": ((A, A), A, None),
+}
+
+
+@pytest.mark.parametrize(("digests", "first", "more"), KEY_SETS.values(), ids=KEY_SETS.keys())
+def test_every_resolved_key_of_a_tenant_is_compiled_first_reference_first(
+    digests: tuple[str | None, ...], first: str, more: list[str] | None
+) -> None:
+    budget = tenantbudget_manifest("acme").tiers("interactive").obj()
+
+    (tenant,) = build_admission_config(
+        "default", [], [], [TenantInput(budget, digests)]
+    ).config.tenants
+
+    assert (tenant.key_sha256, tenant.additional_key_sha256) == (first, more)
+    assert tenant.key_digests() == (first, *(more or []))
+
+
+def test_a_single_key_tenant_compiles_to_the_same_document_as_before() -> None:
+    config = build_admission_config("default", [], [], [_tenant("acme")]).config
+
+    assert "additionalKeySha256" not in config.to_json()
 
 
 def test_tenant_without_a_resolvable_key_is_left_out_and_reported() -> None:

@@ -28,6 +28,7 @@ from kvpool.domain.measurement import (
 )
 from kvpool.domain.planner import PlanError, plan_pool
 from kvpool.domain.pool_status import (
+    KeyLookup,
     PoolObservation,
     build_budget_status,
     build_missing_policy_status,
@@ -364,16 +365,42 @@ def test_events_for_warnings_fire_once_on_entering_the_state() -> None:
 def test_budget_status_says_whether_the_key_resolved(
     resolved: bool, expected: tuple[str, str]
 ) -> None:
-    status = build_budget_status(None, 4, "acme-key", "api-key", resolved, "t0")
+    status = build_budget_status(None, 4, [KeyLookup("acme-key", "api-key", resolved)], "t0")
     conds = {x.type: (x.status, x.reason) for x in status.conditions}
     assert conds == {c.KEY_RESOLVED: expected, c.READY: expected}
     assert status.observed_generation == 4
 
 
+KEY_STATES = {
+    "both-keys": ((True, True), ("True", c.SECRET_FOUND), "2 keys resolved"),
+    "new-key-missing": (
+        (True, False),
+        ("True", c.SOME_SECRETS_NOT_FOUND),
+        "1 of 2 keys resolved; key 'next' of Secret 's' not found",
+    ),
+    "no-key": ((False, False), ("False", c.SECRET_NOT_FOUND), "key 'api-key' of Secret 's'"),
+}
+
+
+@pytest.mark.parametrize(("found", "expected", "says"), KEY_STATES.values(), ids=KEY_STATES.keys())
+def test_budget_status_during_a_key_rotation(
+    found: tuple[bool, bool], expected: tuple[str, str], says: str
+) -> None:
+    keys = [KeyLookup("s", "api-key", found[0]), KeyLookup("s", "next", found[1])]
+
+    status = build_budget_status(None, 1, keys, "t0")
+
+    resolved = next(x for x in status.conditions if x.type == c.KEY_RESOLVED)
+    assert (resolved.status, resolved.reason) == expected
+    assert says in resolved.message
+    ready = next(x for x in status.conditions if x.type == c.READY)
+    assert ready.status == expected[0]
+
+
 def test_budget_status_keeps_transition_time_while_unchanged() -> None:
-    first = build_budget_status(None, 1, "s", "k", False, "t0")
-    again = build_budget_status(first, 1, "s", "k", False, "t1")
-    fixed = build_budget_status(again, 1, "s", "k", True, "t2")
+    first = build_budget_status(None, 1, [KeyLookup("s", "k", False)], "t0")
+    again = build_budget_status(first, 1, [KeyLookup("s", "k", False)], "t1")
+    fixed = build_budget_status(again, 1, [KeyLookup("s", "k", True)], "t2")
     assert again == first
     assert {x.last_transition_time for x in fixed.conditions} == {"t2"}
 

@@ -384,6 +384,34 @@ REJECTED = {
         "spec.apiKeySecretRef.key",
         "Secret 'acme-key' has no key 'token' (keys: api-key)",
     ),
+    "tenant-without-a-key": Case(
+        _drop("budget", "spec.apiKeySecretRef"),
+        BUDGET,
+        "spec",
+        "a tenant needs an API key: set apiKeySecretRef or apiKeySecretRefs",
+    ),
+    "five-keys": Case(
+        _set(
+            "budget",
+            "spec.apiKeySecretRefs",
+            [{"name": "acme-key", "key": f"k{i}"} for i in range(4)],
+        ),
+        BUDGET,
+        "spec.apiKeySecretRefs",
+        "at most 4 API keys per tenant",
+    ),
+    "same-key-twice": Case(
+        _set("budget", "spec.apiKeySecretRefs", [{"name": "acme-key", "key": "api-key"}]),
+        BUDGET,
+        "spec.apiKeySecretRefs[0]",
+        "key 'api-key' of Secret 'acme-key' is already spec.apiKeySecretRef",
+    ),
+    "second-key-missing-in-secret": Case(
+        _set("budget", "spec.apiKeySecretRefs", [{"name": "acme-key", "key": "next"}]),
+        BUDGET,
+        "spec.apiKeySecretRefs[0].key",
+        "Secret 'acme-key' has no key 'next' (keys: api-key)",
+    ),
     "duplicate-tenant": Case(
         _duplicate_budget_tenant,
         "TenantBudget/acme-2",
@@ -752,6 +780,21 @@ def test_a_key_secret_without_the_operator_label_is_reported() -> None:
     ]
 
 
+def test_a_tenant_may_have_several_keys_during_a_rotation() -> None:
+    manifests = valid_set()
+    manifests.secret["stringData"] = {"next": "sk-new"}
+    manifests.budget["spec"]["apiKeySecretRefs"] = [{"name": "acme-key", "key": "next"}]
+
+    validated = validate_documents(_docs(*manifests.documents()))
+
+    assert validated.problems == []
+    (budget,) = validated.tenant_budgets
+    assert [(path, ref.key) for path, ref in budget.key_refs()] == [
+        ("spec.apiKeySecretRef", "api-key"),
+        ("spec.apiKeySecretRefs[0]", "next"),
+    ]
+
+
 def test_string_data_satisfies_the_key_reference() -> None:
     manifests = valid_set()
     manifests.secret = {
@@ -837,6 +880,16 @@ CEL_RULES: dict[str, tuple[str, Any, Any]] = {
         {"secretRef": {"name": "s"}},
         {"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}},
     ),
+    "tenant-has-a-key": (
+        "size(self.apiKeySecretRefs) > 0",
+        {"apiKeySecretRefs": [{"name": "s", "key": "k"}]},
+        {"apiKeySecretRefs": []},
+    ),
+    "tenant-at-most-4-keys": (
+        "size(self.apiKeySecretRefs) < 4",
+        {"apiKeySecretRef": {}, "apiKeySecretRefs": [{}, {}, {}]},
+        {"apiKeySecretRef": {}, "apiKeySecretRefs": [{}, {}, {}, {}]},
+    ),
     "lifecycle-one-action": (
         "has(self.sleep)].filter",
         {"sleep": {"seconds": 5}},
@@ -907,7 +960,11 @@ def test_a_message_expression_names_the_values_of_a_failing_object(
 def test_rules_without_a_message_expression_need_no_value() -> None:
     plain = {e["message"] for e in _entries_in_crds() if "messageExpression" not in e}
 
-    assert all(m.startswith("exactly one of") or "exclusive" in m or "4 tiers" in m for m in plain)
+    assert all(
+        m.startswith(("exactly one of", "a tenant needs an API key", "at most 4"))
+        or "exclusive" in m
+        for m in plain
+    ), plain
 
 
 RULE_ERRORS = {

@@ -15,6 +15,7 @@ from kvpool.api.validation import check_custom_object
 from kvpool.domain import conditions as c
 from kvpool.domain.fail_static import keep_last_good
 from kvpool.domain.pool_status import (
+    KeyLookup,
     build_blocked_status,
     build_budget_status,
     build_policy_status,
@@ -309,6 +310,8 @@ def test_policy_status_says_invalid_or_in_use() -> None:
 
 
 def test_budget_status_invalid_spec_wins_over_a_resolved_key() -> None:
-    status = build_budget_status(None, 1, "s", "k", True, "t0", Verdict(c.INVALID_SPEC, ()))
+    status = build_budget_status(
+        None, 1, [KeyLookup("s", "k", True)], "t0", Verdict(c.INVALID_SPEC, ())
+    )
     conds = {x.type: (x.status, x.reason) for x in status.conditions}
     assert conds == {c.KEY_RESOLVED: ("True", c.SECRET_FOUND), c.READY: ("False", "InvalidSpec")}

@@ -12,7 +12,7 @@ order, API keys are SHA-256 hex digests (never the key itself).
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -169,11 +169,21 @@ class BudgetWindow(_Compiled):
     requests: int | None = None
 
 
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class CompiledTenant(_Compiled):
-    """A tenant, identified by the SHA-256 of its API key."""
+    """A tenant, identified by the SHA-256 of its API key (or of any of its keys)."""
 
     tenant: str
-    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    key_sha256: Sha256Hex
+    additional_key_sha256: list[Sha256Hex] | None = Field(
+        default=None,
+        description=(
+            "Digests of the tenant's other valid keys (a key rotation in progress: old and "
+            "new authenticate together); absent with a single key."
+        ),
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     tier_policy: str | None = None
     tiers: list[str]
@@ -181,6 +191,10 @@ class CompiledTenant(_Compiled):
     max_concurrency: int | None = None
     weight: int = 1
     over_budget: Literal["Reject", "Demote"] = "Reject"
+
+    def key_digests(self) -> tuple[str, ...]:
+        """Every digest that authenticates this tenant, ``keySha256`` first."""
+        return (self.key_sha256, *(self.additional_key_sha256 or ()))
 
 
 class AdmissionConfig(_Compiled):

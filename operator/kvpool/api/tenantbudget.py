@@ -1,4 +1,8 @@
-"""TenantBudget: one tenant's identity, allowed tiers and token budgets per window.
+"""TenantBudget: one tenant's identity, API keys, allowed tiers and token budgets per window.
+
+A tenant is identified by any of its API keys (``apiKeySecretRef`` and
+``apiKeySecretRefs``, at most four): rotating a key is adding the new one, moving the
+clients, then removing the old one, with both valid in between.
 
 Budgets keep one tenant from occupying a tier: the gateway charges a request's
 reservation at admission and settles the real usage when the response ends. The
@@ -70,8 +74,28 @@ class BudgetLimit(ApiModel):
     )
 
 
+MAX_API_KEYS = 4
+
+
 class TenantBudgetSpec(ApiModel):
     """Desired tenant identity and limits."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "has(self.apiKeySecretRef) || "
+                "(has(self.apiKeySecretRefs) && size(self.apiKeySecretRefs) > 0)",
+                "a tenant needs an API key: set apiKeySecretRef or apiKeySecretRefs",
+            ),
+            cel(
+                "!has(self.apiKeySecretRef) || !has(self.apiKeySecretRefs) || "
+                f"size(self.apiKeySecretRefs) < {MAX_API_KEYS}",
+                f"at most {MAX_API_KEYS} API keys per tenant (apiKeySecretRef plus "
+                "apiKeySecretRefs)",
+                ".apiKeySecretRefs",
+            ),
+        )
+    }
 
     tenant: str = Field(
         min_length=1,
@@ -79,12 +103,23 @@ class TenantBudgetSpec(ApiModel):
         pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
         description="Tenant id, as it appears in metrics and access logs.",
     )
-    api_key_secret_ref: SecretKeyReference = Field(
+    api_key_secret_ref: SecretKeyReference | None = Field(
+        default=None,
         description=(
             "Secret key holding the tenant's API key (only its hash leaves the operator). "
             f'The Secret must carry the label {API_KEY_SECRET_LABEL}: "true"; the operator '
-            "reads no other Secrets."
-        )
+            "reads no other Secrets. Optional when apiKeySecretRefs names the keys."
+        ),
+    )
+    api_key_secret_refs: list[SecretKeyReference] = Field(
+        default_factory=list,
+        max_length=MAX_API_KEYS,
+        description=(
+            "More Secret keys holding API keys of this tenant, all valid at once (with "
+            "apiKeySecretRef, at most 4): to rotate a key without downtime, add the new "
+            "one here, move the clients, then remove the old one. Same Secret rules as "
+            "apiKeySecretRef."
+        ),
     )
     tier_policy_ref: LocalObjectReference | None = Field(
         default=None,
@@ -150,3 +185,12 @@ class TenantBudget(ApiModel):
     metadata: ObjectMeta
     spec: TenantBudgetSpec
     status: TenantBudgetStatus | None = None
+
+    def key_refs(self) -> list[tuple[str, SecretKeyReference]]:
+        """Every API key reference with its field path: ``apiKeySecretRef`` first."""
+        refs = [("spec.apiKeySecretRef", self.spec.api_key_secret_ref)]
+        refs += [
+            (f"spec.apiKeySecretRefs[{index}]", ref)
+            for index, ref in enumerate(self.spec.api_key_secret_refs)
+        ]
+        return [(path, ref) for path, ref in refs if ref is not None]

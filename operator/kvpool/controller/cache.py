@@ -59,6 +59,16 @@ def secret_digests(body: Body) -> dict[str, str]:
     return digests
 
 
+def key_refs_of(budget: Body) -> list[tuple[str, str]]:
+    """(Secret, key) of every API key a TenantBudget body references, as stored (it may be
+    invalid): ``apiKeySecretRef`` first, then ``apiKeySecretRefs``."""
+    spec = budget.get("spec") or {}
+    refs = [spec.get("apiKeySecretRef"), *(spec.get("apiKeySecretRefs") or [])]
+    return [
+        (str(ref.get("name", "")), str(ref.get("key", ""))) for ref in refs if isinstance(ref, dict)
+    ]
+
+
 def pod_view(body: Body) -> PodView:
     """What the config needs of an engine Pod: name, IP, readiness, track."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
@@ -168,10 +178,11 @@ class Cache:
         return self.policies.get(namespace, {}).get(name)
 
     def referenced_secret(self, namespace: str, name: str) -> bool:
-        """Whether a TenantBudget of the namespace reads its key from this Secret."""
+        """Whether a TenantBudget of the namespace reads a key from this Secret."""
         return any(
-            ((b.get("spec") or {}).get("apiKeySecretRef") or {}).get("name") == name
+            secret == name
             for b in self.budgets.get(namespace, {}).values()
+            for secret, _ in key_refs_of(b)
         )
 
 

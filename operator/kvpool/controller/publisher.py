@@ -107,9 +107,11 @@ def _tenant_inputs(cache: Cache, namespace: str, verdicts: NamespaceVerdicts) ->
         budget: TenantBudget | None = cache.checked(body).model
         if verdict is None or verdict.reason == c.INVALID_SPEC or budget is None:
             continue
-        ref = budget.spec.api_key_secret_ref
-        hashes = cache.secrets.get((namespace, ref.name), {})
-        inputs.append(TenantInput(budget=budget, key_sha256=hashes.get(ref.key)))
+        digests = tuple(
+            cache.secrets.get((namespace, ref.name), {}).get(ref.key)
+            for _, ref in budget.key_refs()
+        )
+        inputs.append(TenantInput(budget=budget, key_sha256s=digests))
     return inputs
 
 

@@ -19,12 +19,13 @@ from kvpool.adapters import kube
 from kvpool.api.common import Condition
 from kvpool.api.tenantbudget import TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
-from kvpool.controller.cache import Cache
+from kvpool.controller.cache import Cache, key_refs_of
 from kvpool.controller.clock import rfc3339
 from kvpool.controller.observe import assess_cached_namespace
 from kvpool.controller.state import OperatorState
 from kvpool.domain.pool_status import (
     FINALIZER_IN_USE,
+    KeyLookup,
     build_budget_status,
     build_policy_status,
     status_events,
@@ -138,14 +139,14 @@ def _finalizers_wanted(body: Body, users: list[str]) -> list[str] | None:
 def _budget_status(
     cache: Cache, namespace: str, body: Body, verdicts: NamespaceVerdicts, now: str
 ) -> dict[str, Any]:
-    ref = ((body.get("spec") or {}).get("apiKeySecretRef")) or {}
-    secret, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    keys = [
+        KeyLookup(secret, key, key in cache.secrets.get((namespace, secret), {}))
+        for secret, key in key_refs_of(body)
+    ]
     status = build_budget_status(
         _parse_or_none(TenantBudgetStatus, body.get("status")),
         body["metadata"].get("generation"),
-        secret,
-        key,
-        key in cache.secrets.get((namespace, secret), {}),
+        keys,
         now,
         verdicts.budgets.get(body["metadata"]["name"]),
     )

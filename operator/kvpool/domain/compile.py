@@ -11,7 +11,9 @@ The output is deterministic: pools, policies and tenants are sorted by name and
 ``generatedAt`` is left out of :func:`config_hash`, so the ConfigMap is rewritten only
 when something the gateway enforces changed.
 
-Tenants whose key cannot be resolved (Secret or key missing) are left out and reported in
+A tenant has one API key or several (a rotation: old and new valid together); every key
+that resolves is compiled (``keySha256``, then ``additionalKeySha256``). Tenants none of
+whose keys can be resolved (Secret or key missing) are left out and reported in
 ``skipped``: without a digest the gateway could not authenticate them anyway.
 
 Worked example: a pool ``chat`` planned at 2 replicas x 900 usable tokens and 4 slots,
@@ -44,7 +46,7 @@ from kvpool.api.modelpool import ModelPool, PlanStatus
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 
-SKIPPED_NO_KEY = "key not resolved (Secret or key missing)"
+SKIPPED_NO_KEY = "no key resolved (Secret or key missing)"
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,20 @@ def build_canary_tiers(item: PoolInput, policy: TierPolicy | None) -> list[str]:
 
 @dataclass(frozen=True)
 class TenantInput:
-    """One TenantBudget with the digest of its API key (None when not resolvable)."""
+    """One TenantBudget with the digests of its API keys."""
 
     budget: TenantBudget
-    key_sha256: str | None
+    # one per key reference, in TenantBudget.key_refs() order; None when not resolvable
+    key_sha256s: tuple[str | None, ...]
+
+    @property
+    def resolved(self) -> tuple[str, ...]:
+        """The digests that authenticate the tenant, first reference first, each once.
+
+        >>> TenantInput(None, ("b" * 64, None, "b" * 64)).resolved == ("b" * 64,)
+        True
+        """
+        return tuple(dict.fromkeys(d for d in self.key_sha256s if d is not None))
 
 
 @dataclass(frozen=True)
@@ -267,11 +279,13 @@ def _tenant_policy(budget: TenantBudget, policies: Sequence[TierPolicy]) -> str 
 
 
 def build_compiled_tenant(item: TenantInput, policies: Sequence[TierPolicy]) -> CompiledTenant:
-    """A tenant with its key digest (the caller checked that it is resolved)."""
+    """A tenant with its key digests (the caller checked that one at least is resolved)."""
     spec = item.budget.spec
+    first, *more = item.resolved or ("",)
     return CompiledTenant(
         tenant=spec.tenant,
-        key_sha256=item.key_sha256 or "",
+        key_sha256=first,
+        additional_key_sha256=more or None,
         labels=dict(item.budget.metadata.labels),
         tier_policy=_tenant_policy(item.budget, policies),
         tiers=list(spec.tiers),
@@ -302,7 +316,7 @@ def build_admission_config(
     skipped = tuple(
         (t.budget.metadata.name, SKIPPED_NO_KEY)
         for t in sorted(tenants, key=lambda t: t.budget.metadata.name)
-        if t.key_sha256 is None
+        if not t.resolved
     )
     config = AdmissionConfig(
         namespace=namespace,
@@ -315,7 +329,7 @@ def build_admission_config(
         tenants=[
             build_compiled_tenant(t, ordered_policies)
             for t in sorted(tenants, key=lambda t: (t.budget.spec.tenant, t.budget.metadata.name))
-            if t.key_sha256 is not None
+            if t.resolved
         ],
     )
     return CompiledNamespace(config=config, skipped=skipped)

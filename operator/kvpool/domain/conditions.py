@@ -93,6 +93,7 @@ ROLLOUT_PROMOTED = "RolloutPromoted"
 KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type
 SECRET_FOUND = "SecretKeyFound"
 SECRET_NOT_FOUND = "SecretKeyNotFound"
+SOME_SECRETS_NOT_FOUND = "SomeSecretKeysNotFound"  # several keys, not all of them resolved
 POLICY_READY = "PolicyReady"
 POLICY_IN_USE = "InUse"  # a deleted TierPolicy waits for the pools that use it
 

@@ -396,32 +396,65 @@ def build_policy_status(
     return TierPolicyStatus(observed_generation=generation, pools=pools, conditions=conds)
 
 
+@dataclass(frozen=True)
+class KeyLookup:
+    """One API key reference of a TenantBudget and whether the operator holds its digest."""
+
+    secret: str  # Secret name
+    key: str  # key in the Secret
+    resolved: bool  # the labelled Secret exists and has the key
+
+    def describe(self) -> str:
+        return f"key {self.key!r} of Secret {self.secret!r}"
+
+
+def _key_condition(keys: Sequence[KeyLookup]) -> tuple[ConditionStatus, str, str]:
+    """KeyResolved: True while one key at least authenticates the tenant."""
+    found = [k for k in keys if k.resolved]
+    missing = [k for k in keys if not k.resolved]
+    listed = ", ".join(k.describe() for k in missing)
+    if not keys:
+        return "False", c.SECRET_NOT_FOUND, "no API key referenced (its requests get 401)"
+    if not found:
+        return (
+            "False",
+            c.SECRET_NOT_FOUND,
+            f"{listed} not found (Secrets labelled {API_KEY_SECRET_LABEL}): the tenant is "
+            "left out of the admission config (its requests get 401)",
+        )
+    if missing:
+        return (
+            "True",
+            c.SOME_SECRETS_NOT_FOUND,
+            f"{len(found)} of {len(keys)} keys resolved; {listed} not found (Secrets "
+            f"labelled {API_KEY_SECRET_LABEL}): requests with that key get 401",
+        )
+    if len(keys) == 1:
+        return "True", c.SECRET_FOUND, f"{keys[0].describe()} resolved"
+    return (
+        "True",
+        c.SECRET_FOUND,
+        f"{len(keys)} keys resolved, each authenticates the tenant: "
+        + ", ".join(k.describe() for k in keys),
+    )
+
+
 def build_budget_status(
     prior: TenantBudgetStatus | None,
     generation: int | None,
-    secret: str,
-    key: str,
-    resolved: bool,
+    keys: Sequence[KeyLookup],
     now: str,
     verdict: Verdict | None = None,
 ) -> TenantBudgetStatus:
-    """A TenantBudget's status: whether its API key could be read (else it is not served)
-    and whether the budget is valid (an invalid one is not published).
+    """A TenantBudget's status: whether its API keys could be read (without one the tenant
+    is not served) and whether the budget is valid (an invalid one is not published).
 
-    >>> s = build_budget_status(None, 1, "acme-key", "api-key", False, "t0")
+    >>> s = build_budget_status(None, 1, [KeyLookup("acme-key", "api-key", False)], "t0")
     >>> [(x.type, x.status, x.reason) for x in s.conditions]
     [('KeyResolved', 'False', 'SecretKeyNotFound'), ('Ready', 'False', 'SecretKeyNotFound')]
     """
-    status: ConditionStatus
-    if resolved:
-        status = "True"
-        reason, message = c.SECRET_FOUND, f"key {key!r} of Secret {secret!r} resolved"
-    else:
-        status, reason = "False", c.SECRET_NOT_FOUND
-        message = (
-            f"Secret {secret!r} (labelled {API_KEY_SECRET_LABEL}) or its key {key!r} not "
-            "found: the tenant is left out of the admission config (its requests get 401)"
-        )
+    status, reason, message = _key_condition(keys)
+    resolved = status == "True"
     conds = c.set_condition(
         (prior.conditions if prior else []),
         c.KEY_RESOLVED,

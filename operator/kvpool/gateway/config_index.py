@@ -37,7 +37,8 @@ class ConfigIndex:
         """Index a config."""
         return cls(
             config=config,
-            tenants={t.key_sha256: t for t in config.tenants},
+            # every key of a tenant authenticates it (a rotation: old and new together)
+            tenants={digest: t for t in config.tenants for digest in t.key_digests()},
             pools={p.served_name: p for p in config.pools},
             policies={p.name: p for p in config.tier_policies},
         )

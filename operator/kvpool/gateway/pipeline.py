@@ -159,7 +159,7 @@ class RequestPipeline:
             raise UNAUTHORIZED
         digest = api_key_digest(authorization[len("Bearer ") :])
         tenant = index.tenants.get(digest)
-        if tenant is None or not hmac.compare_digest(tenant.key_sha256, digest):
+        if tenant is None or not any(hmac.compare_digest(d, digest) for d in tenant.key_digests()):
             raise UNAUTHORIZED
         return tenant
 

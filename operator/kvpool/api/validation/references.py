@@ -8,7 +8,8 @@ to apply, so it reports a dangling reference before anything is applied:
   ``capacity.peakConcurrency`` and ``rollout.canaryTiers`` are tiers of that policy;
 - TenantBudget ``tiers`` are tiers of its ``tierPolicyRef`` policy or, without a ref, of
   the namespace's only TierPolicy (several policies and no ref is ambiguous);
-- TenantBudget ``apiKeySecretRef`` names a Secret that has the key and the label
+- each TenantBudget key reference (``apiKeySecretRef``, ``apiKeySecretRefs[i]``) names a
+  Secret that has the key and the label
   ``kvpool.dev/api-key`` (the operator reads no other Secret). A Secret that is not in
   the set at all is a *warning*: GitOps repositories often leave Secrets to External
   Secrets or SOPS, so only the cluster can have it (``kvpool validate
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from kvpool.api.common import SecretKeyReference
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL, TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
@@ -229,6 +231,41 @@ def _budget_policy(
     return _problem(item, found.path, found.reason) if isinstance(found, Finding) else found
 
 
+def _key_ref_problem(
+    ref: SecretKeyReference,
+    path: str,
+    namespace: str,
+    secrets: dict[tuple[str, str], SecretData],
+    invalid: Invalid,
+) -> tuple[str, str, str] | None:
+    """(severity, field path, reason) for one API key reference, or None when it resolves."""
+    secret = secrets.get((namespace, ref.name))
+    if secret is None and ("Secret", namespace, ref.name) in invalid:
+        return None  # the Secret's own problems are reported
+    if secret is None:
+        return (
+            "warning",
+            f"{path}.name",
+            f"Secret {ref.name!r} is not in the given manifests: the operator reads it from "
+            f'namespace {namespace!r} (labelled {API_KEY_SECRET_LABEL}: "true"); until it '
+            "exists there, this key gets 401",
+        )
+    if API_KEY_SECRET_LABEL not in secret.labels:
+        return (
+            "error",
+            f"{path}.name",
+            f'Secret {ref.name!r} lacks the label {API_KEY_SECRET_LABEL}: "true" '
+            "(the operator reads only labelled Secrets)",
+        )
+    if ref.key not in secret.values:
+        return (
+            "error",
+            f"{path}.key",
+            f"Secret {ref.name!r} has no key {ref.key!r} (keys: {_names(secret.values)})",
+        )
+    return None
+
+
 def check_budgets(
     budgets: Sequence[Located[TenantBudget]],
     policies: dict[tuple[str, str], TierPolicy],
@@ -236,7 +273,8 @@ def check_budgets(
     invalid: Invalid = frozenset(),
 ) -> References:
     """Budget -> policy and tiers, budget -> Secret key, tenant ids unique per namespace."""
-    problems, warnings = [], []
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
     tenants: dict[tuple[str, str], str] = {}
     for item in budgets:
         namespace = _namespace(item.obj)
@@ -247,37 +285,13 @@ def check_budgets(
             problems += [
                 _problem(item, f.path, f.reason) for f in budget_tier_findings(item.obj, policy)
             ]
-        ref = item.obj.spec.api_key_secret_ref
-        secret = secrets.get((namespace, ref.name))
-        if secret is None and ("Secret", namespace, ref.name) in invalid:
-            pass  # the Secret's own problems are reported
-        elif secret is None:
-            warnings.append(
-                _problem(
-                    item,
-                    "spec.apiKeySecretRef.name",
-                    f"Secret {ref.name!r} is not in the given manifests: the operator reads "
-                    f"it from namespace {namespace!r} (labelled {API_KEY_SECRET_LABEL}: "
-                    '"true"); until it exists there, the tenant\'s requests get 401',
+        for path, ref in item.obj.key_refs():
+            found = _key_ref_problem(ref, path, namespace, secrets, invalid)
+            if found is not None:
+                severity, field, reason = found
+                (warnings if severity == "warning" else problems).append(
+                    _problem(item, field, reason)
                 )
-            )
-        elif API_KEY_SECRET_LABEL not in secret.labels:
-            problems.append(
-                _problem(
-                    item,
-                    "spec.apiKeySecretRef.name",
-                    f'Secret {ref.name!r} lacks the label {API_KEY_SECRET_LABEL}: "true" '
-                    "(the operator reads only labelled Secrets)",
-                )
-            )
-        elif ref.key not in secret.values:
-            problems.append(
-                _problem(
-                    item,
-                    "spec.apiKeySecretRef.key",
-                    f"Secret {ref.name!r} has no key {ref.key!r} (keys: {_names(secret.values)})",
-                )
-            )
         tenant = item.obj.spec.tenant
         if (namespace, tenant) in tenants:
             problems.append(

@@ -5,6 +5,7 @@ to hear before the operator acts on it:
 
 - TenantBudget: two limits over the same window spelled differently (``1h`` and
   ``60m``) - the list-map key sees two windows, the gateway would enforce one twice;
+  the same Secret key referenced twice among its API keys;
 - TierPolicy: a classification rule without any matcher matches every request, so the
   rules after it can never match;
 - ModelPool: engine ``args`` that repeat a flag the operator sets from a typed field
@@ -45,8 +46,20 @@ OWNED_ENGINE_FLAGS = {
 
 
 def check_tenant_budget(budget: TenantBudget) -> list[Finding]:
-    """Limits whose windows are equal in length but written differently."""
+    """Limits whose windows are equal in length but written differently, and an API key
+    referenced twice."""
     findings = []
+    first_ref: dict[tuple[str, str], str] = {}
+    for path, ref in budget.key_refs():
+        where = first_ref.setdefault((ref.name, ref.key), path)
+        if where != path:
+            findings.append(
+                Finding(
+                    path,
+                    f"key {ref.key!r} of Secret {ref.name!r} is already {where}; "
+                    "list each key once",
+                )
+            )
     first_of: dict[float, int] = {}
     for index, limit in enumerate(budget.spec.limits):
         seconds = parse_duration(limit.window)
