@@ -22,9 +22,9 @@ import pytest
 import yaml
 from tests.support.promql import kvpool_exported_names
 
+from kvpool.adapters.manifests import load_and_validate
 from kvpool.adapters.prometheus import LABEL_NAMESPACE, LABEL_POOL, LABEL_REPLICA, LABEL_REVISION
 from kvpool.api.admission_config import CONFIGMAP_NAME
-from kvpool.commands.manifests import load_and_validate
 from kvpool.domain.manifests import LABEL_POOL as POD_LABEL_POOL
 from kvpool.domain.manifests import LABEL_REVISION as POD_LABEL_REVISION
 

@@ -15,6 +15,10 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("kvpool.commands.validate", "check manifests against the CRDs and each other"),
     "plan": ("kvpool.commands.plan", "print the admission plan of each ModelPool"),
+    "compile": (
+        "kvpool.commands.compile",
+        "compile manifests into the gateway's admission config (no cluster needed)",
+    ),
     "crds": ("kvpool.commands.crds", "print the generated CustomResourceDefinitions"),
     "operator": ("kvpool.controller.main", "run the operator"),
     "gateway": ("kvpool.gateway.main", "run the admission gateway"),

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kvpool.adapters.manifests import load_and_validate
 from kvpool.cli import main
-from kvpool.commands.manifests import load_and_validate
 from kvpool.commands.tenant import KEY_PREFIX
 from tests.builders import standard_tierpolicy_manifest
 

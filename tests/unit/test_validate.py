@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from kvpool.adapters.manifests import load_and_validate
 from kvpool.api.crd import build_crds
 from kvpool.api.validation import Document, assess_rule, validate_documents
 from kvpool.api.validation.rules import rule_message
 from kvpool.cli import main
-from kvpool.commands.manifests import load_and_validate
 from tests.builders import (
     apikey_secret_manifest,
     modelpool_manifest,

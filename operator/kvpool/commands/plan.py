@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
+from kvpool.adapters.manifests import load_and_validate
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.api.validation import Problem
-from kvpool.commands.manifests import load_and_validate
 from kvpool.domain.planner import PlanError, PoolPlan, plan_pool
 
 PLAN_FORMAT_VERSION = 1

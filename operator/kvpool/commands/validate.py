@@ -7,7 +7,7 @@ the manifests: External Secrets or SOPS may create it in the cluster) are printe
 given. Documents of other kinds (a Deployment, a kustomization file) are skipped, with
 one ``note:`` line on stderr. Exit 2 is a usage error (no ``-f``). The checks are those
 of :mod:`kvpool.api.validation` (schema, CEL rules, semantics, references across the
-given objects); loading is :mod:`kvpool.commands.manifests`.
+given objects); loading is :mod:`kvpool.adapters.manifests`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpool.commands.manifests import load_and_validate, skipped_note
+from kvpool.adapters.manifests import load_and_validate, skipped_note
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

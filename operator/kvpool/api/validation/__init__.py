@@ -1,6 +1,6 @@
 """Manifest validation without an API server: pure checks over already-loaded documents.
 
-``kvpool validate`` loads YAML (:mod:`kvpool.commands.manifests`) and hands the documents
+``kvpool validate`` loads YAML (:mod:`kvpool.adapters.manifests`) and hands the documents
 to :func:`validate_documents`; the operator can run the same checks on objects it reads.
 See :mod:`kvpool.api.validation.documents` for the order of the checks.
 """

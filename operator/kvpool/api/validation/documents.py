@@ -10,9 +10,9 @@ Per document, in the order an API server would work (and then some):
    ``check_builtin`` function the caller passes (the CLI uses kubernetes-validate, which
    reads its schemas from disk, so it cannot live in this pure layer);
 4. any other kind (a Deployment, a HelmRelease, an ExternalSecret...) and every document of
-   a kustomization file is :class:`Skipped`: a GitOps repository holds them beside kvpool's
-   objects. Only an unknown kind of kvpool's own group is a problem (a typo there would
-   otherwise pass unnoticed).
+   a kustomization or Docker Compose file is :class:`Skipped`: a GitOps repository holds
+   them beside kvpool's objects. Only an unknown kind of kvpool's own group is a problem
+   (a typo there would otherwise pass unnoticed).
 
 Then references across the valid objects (:mod:`.references`). A reference to an object
 that is in the set but invalid is not reported again (its own problems say what is wrong),
@@ -57,8 +57,17 @@ BuiltinCheck = Callable[[Mapping[str, Any]], list[Finding]]
 
 BUILTIN_KINDS = frozenset({("v1", "Secret"), ("v1", "ConfigMap"), ("v1", "Namespace")})
 KVPOOL_KINDS = "ModelPool, TierPolicy, TenantBudget"
-# kustomize's file names: its documents are build instructions, not objects to apply
-KUSTOMIZATION_FILES = frozenset({"kustomization.yaml", "kustomization.yml", "Kustomization"})
+# files whose documents are build or run instructions, not objects to apply: kustomize's
+# and Docker Compose's (by their file names)
+INSTRUCTION_FILES = {
+    "kustomization.yaml": "kustomization file",
+    "kustomization.yml": "kustomization file",
+    "Kustomization": "kustomization file",
+    "compose.yaml": "compose file",
+    "compose.yml": "compose file",
+    "docker-compose.yaml": "compose file",
+    "docker-compose.yml": "compose file",
+}
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -175,8 +184,9 @@ def check_document(
     """One document: the valid object it holds (None when it has problems, a
     :class:`Skipped` when kvpool does not check it) and its problems."""
     body = doc.body
-    if _file_name(doc.source) in KUSTOMIZATION_FILES:
-        return Skipped(doc.source, "kustomization file"), []
+    instructions = INSTRUCTION_FILES.get(_file_name(doc.source))
+    if instructions is not None:
+        return Skipped(doc.source, instructions), []
     if not isinstance(body, dict):
         reason = f"not a Kubernetes object ({_type_name(body)}, not a mapping)"
         return None, [Problem(doc.source, "", "", f"document {doc.index}", reason)]
