@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from kvpool.adapters.engine_metrics import fetch_engine_load
-from tests.builders import tiny_engine_admission_config
+from tests.builders import AdmissionConfigBuilder, tiny_engine_admission_config
 from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory
 from tests.support.waiting import StopWaitingError, wait_until_async
@@ -238,10 +238,13 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
         )
         assert resp.status == 200
         await resp.read()
-    for _ in range(20):  # the batch tier (completions) learns: 8 tokens per request
+    # the batch tier (completions) learns from requests allowed the whole context that stop
+    # after 3 tokens (temperature 0: the same 3 tokens every time)
+    short = {"stop": [" "], "temperature": 0}
+    for _ in range(20):
         resp = await client.post(
             "/v1/completions",
-            json=_completion("hello there", max_tokens=8, ignore_eos=True),
+            json=_completion("hello there", max_tokens=MAX_MODEL_LEN, **short),
             headers=ACME,
         )
         assert resp.status == 200
@@ -263,13 +266,34 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     )
     assert resp.status == 200, await resp.text()
     await resp.read()
-    await wait_until_async(  # the engine is quiet: each poll lets the ratio creep down
-        lambda: (
-            _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
-            < 1.0
-        ),
+    await asyncio.sleep(0.5)  # ~10 polls of the idle engine (the claim: nothing changes)
+    quiet = _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
+    async with aiohttp.ClientSession() as session:  # a direct load keeps the engine busy
+        load = [
+            asyncio.create_task(
+                _post(
+                    session,
+                    tiny_engine.base_url + "/v1/completions",
+                    _completion(_ids(250), max_tokens=250, ignore_eos=True),
+                )
+            )
+            for _ in range(4)
+        ]
+        await wait_until_async(  # each busy poll without preemptions lets the ratio creep
+            lambda: (
+                _sample(
+                    gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"'
+                )
+                < 1.0
+            ),
+            30,
+            "the batch overcommit ratio creeping down over busy, quiet engine polls",
+        )
+        await asyncio.gather(*load)
+    await wait_until_async(
+        lambda: _sample(gw.metrics.render().decode(), "kvpool_gateway_borrowing_paused") == 0,
         10,
-        "the batch overcommit ratio creeping down over quiet engine polls",
+        "borrowing resumed once the direct load ended",
     )
     after = gw.metrics.render().decode()
 
@@ -293,6 +317,82 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     assert _sample(after, "kvpool_gateway_tier_ttft_target_seconds", chat) == 0.5
     assert _sample(after, "kvpool_gateway_lent_limit", chat) >= 1
     assert _sample(after, "kvpool_gateway_overcommit_ratio", chat) == 1.0
+    assert quiet == 1.0, f"batch ratio {quiet} after idle polls: an idle engine is no evidence"
     batch_ratio = _sample(after, "kvpool_gateway_overcommit_ratio", 'tier="batch"')
-    assert 0.5 <= batch_ratio < 1.0, f"batch ratio {batch_ratio}: no creep while quiet"
-    assert _sample(after, "kvpool_gateway_borrowing_paused") == 0
+    assert 0.5 <= batch_ratio < 1.0, f"batch ratio {batch_ratio}: no creep while busy"
+
+
+async def _engine_metrics(engine: VllmEngine) -> str:
+    async with aiohttp.ClientSession() as session, session.get(engine.metrics_url) as resp:
+        return await resp.text()
+
+
+def _two_batch_tenants(engine: VllmEngine, tokenizer: Path) -> AdmissionConfigBuilder:
+    """The tiny engine's pool (2,048 tokens, 8 slots) with two batch tenants."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=60.0)
+        .tier("batch", floor=30, wait=60.0)
+        .rule("interactive", path_prefix="/v1/chat")
+        .pool(
+            "tiny",
+            [engine.base_url],
+            tokens_per_replica=2048,
+            slots_per_replica=8,
+            max_model_len=MAX_MODEL_LEN,
+            output_p95=64,
+            tokenizer_path=tokenizer,
+        )
+        .tenant("cheap", key="sk-cheap", tiers=["batch"])
+        .tenant("victim", key="sk-victim", tiers=["batch"])
+    )
+
+
+@pytest.mark.timeout(240)
+async def test_one_tenants_cheap_requests_do_not_set_another_tenants_reservation(
+    tiny_engine: VllmEngine, tiny_tokenizer_json: Path, gateway_client: GatewayClientFactory
+) -> None:
+    """Issue 18.4: 200 requests with max_tokens=1 from one tenant made another tenant's 16
+    concurrent max_tokens=380 requests reserve ~7 tokens each instead of ~385: the engine
+    ran 8 of them in 2,048 KV tokens and preempted."""
+    client, gw = await gateway_client(
+        _two_batch_tenants(tiny_engine, tiny_tokenizer_json), engine_poll_seconds=0.25
+    )
+    cheap = {"Authorization": "Bearer sk-cheap"}
+    for _ in range(200):
+        resp = await client.post(
+            "/v1/completions", json=_completion("hello there", max_tokens=1), headers=cheap
+        )
+        assert resp.status == 200
+        await resp.read()
+    engine_before = await _engine_metrics(tiny_engine)
+    before = gw.metrics.render().decode()
+
+    async def victim() -> int:
+        resp = await client.post(
+            "/v1/completions",
+            json=_completion("hello there", max_tokens=380, ignore_eos=True),
+            headers={"Authorization": "Bearer sk-victim"},
+        )
+        await resp.read()
+        return resp.status
+
+    statuses = await asyncio.gather(*(victim() for _ in range(16)))
+
+    after = gw.metrics.render().decode()
+    engine_after = await _engine_metrics(tiny_engine)
+    assert statuses == [200] * 16
+    reserved = _sample(after, "kvpool_gateway_reserved_tokens_total") - _sample(
+        before, "kvpool_gateway_reserved_tokens_total"
+    )
+    bound = _sample(after, "kvpool_gateway_bound_tokens_total") - _sample(
+        before, "kvpool_gateway_bound_tokens_total"
+    )
+    preempted = _sample(engine_after, "vllm:num_preemptions_total") - _sample(
+        engine_before, "vllm:num_preemptions_total"
+    )
+    assert reserved == bound, (
+        f"the victim's 16 requests reserved {reserved / 16:.0f} tokens each of a bound of "
+        f"{bound / 16:.0f} (preemptions {preempted:.0f})"
+    )
+    assert preempted == 0, f"{preempted:.0f} preemptions with full reservations"

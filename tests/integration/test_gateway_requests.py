@@ -8,7 +8,9 @@ proxying, metrics - is the real code. The real-engine tests are in test_gateway_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.metrics import GatewayMetrics
 from tests.builders import AdmissionConfigBuilder, standard_admission_config
 from tests.support.gateway import FakeEngine, GatewayClientFactory
-from tests.support.waiting import wait_until_async
+from tests.support.waiting import WaitTimeoutError, wait_until_async
 
 ACME = {"Authorization": "Bearer sk-acme"}
 BULK = {"Authorization": "Bearer sk-bulk"}
@@ -793,6 +795,93 @@ async def test_ttft_over_the_target_throttles_what_is_lent_below(
     assert (limit, target) == (2.0, 0.01), f"limit {limit}: 8 -> 4 -> 2 after two decisions"
     assert p95 >= 0.03
     assert gateway.registry.runtimes["tiny"].controller._lending.limits == {0: 2}
+
+
+def _protected_config(url: str, ttft: float | None) -> AdmissionConfigBuilder:
+    """interactive (with the TTFT target ``ttft``) and batch on one fake replica."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=5.0, ttft=ttft)
+        .tier("batch", floor=30, wait=5.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool("tiny", [url])
+        .tenant(
+            "acme", key="sk-acme", tiers=["interactive", "batch"], labels={"class": "interactive"}
+        )
+    )
+
+
+async def _slow_chats(client: TestClient[Any, Any], count: int) -> None:
+    for _ in range(count):
+        resp = await client.post(
+            "/v1/chat/completions", json=chat(stream=True, max_tokens=2), headers=ACME
+        )
+        await resp.read()
+
+
+async def test_an_idle_protected_tier_gets_the_lent_limit_back(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory
+) -> None:
+    """Issue 18.3: slow first tokens took the lent limit down, and it stayed down while the
+    protected tier sat idle (batch held to its floor in an idle pool) until a restart."""
+    fake_engine.delay = 0.03  # every first token takes >= 30 ms; the target is 10 ms
+    client, gateway = await gateway_client(
+        _protected_config(fake_engine.url, 0.01).obj(), engine_poll_seconds=0.05
+    )
+    await _slow_chats(client, 20)
+    assert await _metric(client, "kvpool_gateway_lent_limit", tier="interactive") == 2.0
+    idle_from = asyncio.get_running_loop().time()
+
+    with contextlib.suppress(WaitTimeoutError):  # the figures are asserted below
+        await wait_until_async(
+            lambda: _ok(_metric(client, "kvpool_gateway_lent_limit", tier="interactive"), above=7),
+            10,
+        )
+
+    idle = asyncio.get_running_loop().time() - idle_from
+    limit = await _metric(client, "kvpool_gateway_lent_limit", tier="interactive")
+    lent = gateway.runtimes["tiny"].controller._lent_limits
+    assert (limit, lent) == (8.0, {0: 8}), (
+        f"lent limit {limit} (controller {lent}) after {idle:.1f} s with interactive idle"
+    )
+    p95 = await _metric(client, "kvpool_gateway_tier_ttft_p95_seconds", tier="interactive")
+    assert math.isnan(p95), f"the p95 of samples from before the idle period is exported: {p95}"
+
+
+@pytest.mark.parametrize(
+    ("new_ttft", "gauges"),
+    [(None, {"limit": None, "target": None}), (0.5, {"limit": 8.0, "target": 0.5})],
+    ids=["target-removed", "target-changed"],
+)
+async def test_a_reload_that_removes_or_changes_the_target_resets_the_lent_limit(
+    fake_engine: FakeEngine,
+    gateway_client: GatewayClientFactory,
+    new_ttft: float | None,
+    gauges: dict[str, float | None],
+) -> None:
+    """Issue 18.3: the limit survived a reload that removed the target (only a restart
+    cleared it) and its gauges went stale."""
+    fake_engine.delay = 0.03
+    client, gateway = await gateway_client(
+        _protected_config(fake_engine.url, 0.01).obj(), engine_poll_seconds=0
+    )
+    await _slow_chats(client, 20)
+    assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}
+
+    gateway.apply_config(_protected_config(fake_engine.url, new_ttft).obj())
+
+    lent = gateway.runtimes["tiny"].controller._lent_limits
+    assert lent == {}, f"lent limits {lent} after a reload to target {new_ttft}"
+    exported = {
+        "limit": await _metric(client, "kvpool_gateway_lent_limit", tier="interactive"),
+        "target": await _metric(
+            client, "kvpool_gateway_tier_ttft_target_seconds", tier="interactive"
+        ),
+    }
+    expected = {k: float("nan") if v is None else v for k, v in gauges.items()}
+    assert {k: str(v) for k, v in exported.items()} == {k: str(v) for k, v in expected.items()}, (
+        f"exported after the reload: {exported}"
+    )
 
 
 def _held_config(url: str, ttft: float | None) -> AdmissionConfig:

@@ -11,6 +11,8 @@ per pool:
   usage to the pool's adaptation (:meth:`PoolAdaptation.engines`), which backs the
   overcommit ratio off and decides whether borrowing pauses;
 - pauses or resumes borrowing on the pool's runtime (``kvpool_gateway_borrowing_paused``);
+- every round, whether the engines answer or not, lets the registry give back the lent
+  limits of protected tiers that have been idle (:meth:`PoolRegistry.tick_lent_limits`);
 - keeps ``kvpool_gateway_engine_kv_usage{pool,replica}`` for the replicas it polls, and
   drops the gauge of a replica no longer polled (gone, or not ready).
 
@@ -65,6 +67,7 @@ class EngineWatcher:
             await asyncio.sleep(self.capacity.poll_period(self.poll_seconds))
             for name in list(self.registry.runtimes):
                 try:
+                    self.registry.tick_lent_limits(name)  # answered or not: time passed
                     await self.poll_pool(name)
                 except Exception as exc:  # one bad poll must not end the watch
                     log.warning("engine poll of pool %s failed: %s", name, exc)

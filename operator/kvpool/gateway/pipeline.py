@@ -375,10 +375,17 @@ class RequestPipeline:
         adaptation = self.registry.adaptations.get(pool)
         if adaptation is None:
             return
+        estimate = admission.estimate
         if outcome.label == "ok" and outcome.engine_reported and outcome.completion_tokens:
-            adaptation.settled(tier, outcome.completion_tokens, admission.estimate.sequences)
+            adaptation.settled(
+                tier,
+                outcome.completion_tokens,
+                estimate.sequences,
+                bound=estimate.output_limit,
+                tenant=admission.tenant.tenant,
+            )
         if outcome.ttft_seconds is not None:
-            limit = adaptation.ttft(tier, outcome.ttft_seconds)
+            limit = adaptation.ttft(tier, outcome.ttft_seconds, admission.runtime.now())
             limiter = adaptation.limiters.get(tier)
             if limiter is not None and limiter.p95 is not None:
                 self.metrics.ttft_p95.labels(pool, tier).set(limiter.p95)

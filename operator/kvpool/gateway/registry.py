@@ -17,6 +17,9 @@ object owns them and the others ask it.
   runtime adopts the new view and keeps its reservations. A share that moves often
   (capacity leases) calls it whenever a pool's share changed; it costs one
   ``reconfigure``, no config parse.
+- :meth:`PoolRegistry.tick_lent_limits`: time passed (the engine watcher calls it every
+  poll round): lent limits of protected tiers that have been idle go back to their
+  maximum, with their gauges.
 - :meth:`PoolRegistry.load_tokenizers`: load each pool's tokenizer when a config comes
   (not on its first request) and set ``kvpool_gateway_tokenizer_fallback{pool}`` (1 while
   the pool counts prompts by the byte estimate). A load reads and parses files (a large
@@ -27,6 +30,7 @@ object owns them and the others ask it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from kvpool.adapters.background import BackgroundTasks
 from kvpool.adapters.tokenizer import TokenizerCache
@@ -95,6 +99,7 @@ class PoolRegistry:
 
     def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:
         adaptation = self.adaptations.get(pool.name)
+        before = set() if adaptation is None else {t.name for t in adaptation.tiers}
         if adaptation is None:
             adaptation = self.adaptations[pool.name] = PoolAdaptation(
                 tiers,
@@ -108,10 +113,32 @@ class PoolRegistry:
             self.metrics.overcommit_ratio.labels(pool.name, tier.name).set(
                 adaptation.ratio_of(tier.name)
             )
-            limiter = adaptation.limiters.get(tier.name)
-            if limiter is not None:
-                self.metrics.ttft_target.labels(pool.name, tier.name).set(limiter.target_seconds)
-                self.metrics.lent_limit.labels(pool.name, tier.name).set(limiter.limit)
+        for name in before | {t.name for t in tiers}:
+            self._limiter_gauges(pool.name, name)
+
+    def _limiter_gauges(self, pool: str, tier: str) -> None:
+        """The TTFT limiter's gauges of a tier as its limiter is now; none without one (a
+        target removed by a reload leaves no stale series)."""
+        adaptation = self.adaptations.get(pool)
+        limiter = adaptation.limiters.get(tier) if adaptation is not None else None
+        gauges = (self.metrics.ttft_target, self.metrics.lent_limit, self.metrics.ttft_p95)
+        values = (limiter.target_seconds, limiter.limit, limiter.p95) if limiter else (None,) * 3
+        for gauge, value in zip(gauges, values, strict=True):
+            if value is None:
+                with contextlib.suppress(KeyError):  # never set
+                    gauge.remove(pool, tier)
+            else:
+                gauge.labels(pool, tier).set(value)
+
+    def tick_lent_limits(self, name: str) -> None:
+        """Time passed (every engine poll round): the lent limits of idle protected tiers
+        of pool ``name`` go back to their maximum (``PoolAdaptation.tick``)."""
+        runtime, adaptation = self.runtimes.get(name), self.adaptations.get(name)
+        if runtime is None or adaptation is None:
+            return
+        for tier, limit in adaptation.tick(runtime.now()).items():
+            runtime.set_lent_limit(tier, limit)
+            self._limiter_gauges(name, tier)
 
     def track_snapshots(self) -> list[tuple[str, AdmissionSnapshot]]:
         """Every pool's per-track in-use vs plan views (for the scrape-time gauges)."""

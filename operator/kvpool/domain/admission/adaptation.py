@@ -14,10 +14,13 @@ state per pool in one place with no I/O and no clock:
   tier reserves its full bound: together its requests never need more KV than was
   reserved for them, and the engine preempts the lowest priority first, so a top-tier
   request is never the one preempted;
-- :meth:`PoolAdaptation.settled`: feed a finished request's generated tokens to its tier;
-- :meth:`PoolAdaptation.engines`: one poll of the engines -> the new ratio and whether
-  borrowing must pause (measured usage at or above ``pause_usage``; resumes below
-  ``pause_usage - resume_margin``);
+- :meth:`PoolAdaptation.settled`: feed a finished request's generated tokens, its bound
+  and its tenant to its tier;
+- :meth:`PoolAdaptation.engines`: one poll of the engines -> the new ratio (lowered only
+  while the engines are busy) and whether borrowing must pause (measured usage at or
+  above ``pause_usage``; resumes below ``pause_usage - resume_margin``);
+- :meth:`PoolAdaptation.tick`: the time passes -> the lent limits that went back to their
+  maximum because their protected tier is idle;
 - :meth:`PoolAdaptation.ttft`: one TTFT sample of a tier with a ``ttftP95Target`` -> the
   new concurrency lent to the tiers below it (:class:`~.limiter.LentLimiter`), or None.
 
@@ -98,23 +101,27 @@ class PoolAdaptation:
         if not self.learn or tier == self.top:
             return estimate
         learner = self.learners.get(tier)
-        if learner is None or learner.learned is None:
+        bound = max(1, estimate.output_limit)
+        if learner is None or learner.learned(bound) is None:
             return estimate
-        per_sequence = learner.reserve_output(max(1, estimate.output_limit))
+        per_sequence = learner.reserve_output(bound)
         output = min(estimate.output_tokens, per_sequence * estimate.sequences)
         tokens = min(estimate.tokens, estimate.prompt_tokens + output)
         borrow = min(tokens, estimate.prompt_tokens + self.ratio.reserve(output))
         return replace(estimate, reserve_tokens=tokens, borrow_tokens=borrow)
 
-    def settled(self, tier: str, completion_tokens: int, sequences: int) -> None:
-        """A request of ``tier`` finished normally, generating ``completion_tokens``."""
+    def settled(
+        self, tier: str, completion_tokens: int, sequences: int, bound: int, tenant: str
+    ) -> None:
+        """A request of ``tenant`` in ``tier`` finished normally, generating
+        ``completion_tokens`` over ``sequences`` of a per-sequence bound ``bound``."""
         learner = self.learners.get(tier)
         if learner is not None and sequences > 0:
-            learner.observe(-(-completion_tokens // sequences))
+            learner.observe(-(-completion_tokens // sequences), bound, tenant)
 
     def engines(self, new_preemptions: int, max_usage: float | None) -> EngineVerdict:
         """One poll of the pool's engines: preemptions since the last poll, highest usage."""
-        ratio = self.ratio.observe_poll(new_preemptions)
+        ratio = self.ratio.observe_poll(new_preemptions, max_usage)
         if max_usage is not None:
             if max_usage >= self.pause_usage:
                 self.paused = True
@@ -122,9 +129,16 @@ class PoolAdaptation:
                 self.paused = False
         return EngineVerdict(ratio=ratio, pause_borrowing=self.paused)
 
-    def ttft(self, tier: str, seconds: float) -> int | None:
-        """A TTFT sample of ``tier``: the new lent limit below it if it changed, else None."""
+    def tick(self, now: float) -> dict[str, int]:
+        """The time is ``now`` (called on every engine poll round, answered or not): the
+        lent limits that went back to their maximum because their protected tier has been
+        idle (tier -> new limit)."""
+        return {name: lim.limit for name, lim in self.limiters.items() if lim.idle(now)}
+
+    def ttft(self, tier: str, seconds: float, now: float | None = None) -> int | None:
+        """A TTFT sample of ``tier`` (at ``now``): the new lent limit below it if it
+        changed, else None."""
         limiter = self.limiters.get(tier)
-        if limiter is None or not limiter.observe(seconds):
+        if limiter is None or not limiter.observe(seconds, now):
             return None
         return limiter.limit

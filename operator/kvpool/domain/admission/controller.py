@@ -114,6 +114,10 @@ class AdmissionController:
     def _borrowed_by_rank(self) -> dict[int, int]:
         return self._lending.borrowed_by_rank
 
+    @property
+    def _lent_limits(self) -> dict[int, int]:
+        return self._lending.limits
+
     def _dispatch(self, now: float, only: Waiting | None = None) -> list[Admit]:
         return self._dispatcher.run(now, only)
 
@@ -265,10 +269,17 @@ class AdmissionController:
     def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier], now: float) -> Wakeups:
         """Adopt a new plan. In-flight reservations are kept (never revoked); if capacity
         shrank, nothing is admitted until usage is back under the plan. Queued requests of
-        a removed tier, or that can no longer ever fit, are rejected."""
+        a removed tier, or that can no longer ever fit, are rejected. A lent limit whose
+        protected tier left, moved or changed its ``ttftP95Target`` is lifted (the limiter
+        that set it judged another promise)."""
         state = self._state
+        targets = {t.rank: (t.name, t.prefill_hold) for t in state.order if not t.removed}
         removed = state.apply_plan(pool, tiers)
         self._holds.configure(state.order)
+        now_targets = {t.rank: (t.name, t.prefill_hold) for t in state.order if not t.removed}
+        for rank in list(self._lending.limits):
+            if now_targets.get(rank) != targets.get(rank) or not now_targets[rank][1]:
+                self._lending.set_limit(rank, None)
         rejected: list[Reject] = []
         for waiting in state.waiting.values():
             tier = waiting.tier
