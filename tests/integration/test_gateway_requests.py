@@ -840,7 +840,7 @@ async def test_an_idle_protected_tier_gets_the_lent_limit_back(
 
     idle = asyncio.get_running_loop().time() - idle_from
     limit = await _metric(client, "kvpool_gateway_lent_limit", tier="interactive")
-    lent = gateway.runtimes["tiny"].controller._lent_limits
+    lent = gateway.registry.runtimes["tiny"].controller._lending.limits
     assert (limit, lent) == (8.0, {0: 8}), (
         f"lent limit {limit} (controller {lent}) after {idle:.1f} s with interactive idle"
     )
@@ -866,11 +866,11 @@ async def test_a_reload_that_removes_or_changes_the_target_resets_the_lent_limit
         _protected_config(fake_engine.url, 0.01).obj(), engine_poll_seconds=0
     )
     await _slow_chats(client, 20)
-    assert gateway.runtimes["tiny"].controller._lent_limits == {0: 2}
+    assert gateway.registry.runtimes["tiny"].controller._lending.limits == {0: 2}
 
     gateway.apply_config(_protected_config(fake_engine.url, new_ttft).obj())
 
-    lent = gateway.runtimes["tiny"].controller._lent_limits
+    lent = gateway.registry.runtimes["tiny"].controller._lending.limits
     assert lent == {}, f"lent limits {lent} after a reload to target {new_ttft}"
     exported = {
         "limit": await _metric(client, "kvpool_gateway_lent_limit", tier="interactive"),

@@ -284,7 +284,7 @@ def test_a_reconfigure_that_removes_or_changes_the_target_lifts_the_lent_limit(
 
     started = [a.request_id for a in wake.admitted]
     assert started == ([borrower.request_id] if lifted else []), (
-        f"lent limits {ctl._lent_limits} after a reload to target {new_ttft}: started {started}"
+        f"lent limits {ctl._lending.limits} after a reload to target {new_ttft}: started {started}"
     )
 
 

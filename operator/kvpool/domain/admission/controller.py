@@ -114,10 +114,6 @@ class AdmissionController:
     def _borrowed_by_rank(self) -> dict[int, int]:
         return self._lending.borrowed_by_rank
 
-    @property
-    def _lent_limits(self) -> dict[int, int]:
-        return self._lending.limits
-
     def _dispatch(self, now: float, only: Waiting | None = None) -> list[Admit]:
         return self._dispatcher.run(now, only)
 
