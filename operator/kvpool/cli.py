@@ -10,6 +10,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from kvpool import __version__
 
 # subcommand -> (module, help); each module defines add_arguments(parser) and run(args) -> int
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -27,12 +30,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line: ``kvpool gateway: error: argument --listen:
+    'foo' is not HOST:PORT (e.g. 0.0.0.0:8080)``, exit 2 (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvpool", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="kvpool", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=help_text)
+        command.error = CommandParser.error.__get__(command)  # type: ignore[method-assign]
         module.add_arguments(command)
         run: Callable[[argparse.Namespace], int] = module.run
         command.set_defaults(run=run)
@@ -44,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Import only the module of the chosen subcommand when we can tell which it is.
     if argv and argv[0] in SUBCOMMANDS:
         module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
-        parser = argparse.ArgumentParser(prog=f"kvpool {argv[0]}")
+        parser = CommandParser(prog=f"kvpool {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
         module.add_arguments(parser)
         args = parser.parse_args(argv[1:])
         return int(module.run(args))

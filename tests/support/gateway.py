@@ -186,16 +186,18 @@ class GatewayProcess:
         redis_url: str | None = None,
         extra_args: tuple[str, ...] = (),
         configmap: tuple[str, str] | None = None,
+        manifests: tuple[str, ...] = (),
     ) -> None:
         """``configmap=(namespace, api_server_url)`` reads the operator's ConfigMap instead
-        of ``config_path``."""
+        of ``config_path``; ``manifests`` compiles those paths (``-f``, no operator)."""
         self.port = free_port()
         self.metrics_port = free_port()
-        source = (
-            ["--configmap", configmap[0], "--kube-server", configmap[1]]
-            if configmap is not None
-            else ["--config", str(config_path)]
-        )
+        if manifests:
+            source = [arg for path in manifests for arg in ("-f", path)]
+        elif configmap is not None:
+            source = ["--configmap", configmap[0], "--kube-server", configmap[1]]
+        else:
+            source = ["--config", str(config_path)]
         argv = [
             sys.executable,
             "-m",
@@ -288,11 +290,13 @@ class GatewayProcesses:
         config: AdmissionConfigBuilder | Path | None = None,
         *,
         configmap: tuple[str, str] | None = None,
+        manifests: tuple[str, ...] = (),
         redis_url: str | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> GatewayProcess:
         """A gateway, not started, serving ``config``: a builder (written to a file of its
-        own), a config file, or ``None`` with ``configmap=(namespace, api_url)``."""
+        own), a config file, or ``None`` with ``configmap=(namespace, api_url)`` or
+        ``manifests`` (paths compiled with ``-f``)."""
         index, self._count = self._count, self._count + 1
         if isinstance(config, AdmissionConfigBuilder):
             config = config.write(self._tmp_dir / f"gateway-{index}.json")
@@ -302,6 +306,7 @@ class GatewayProcesses:
             redis_url=redis_url,
             extra_args=extra_args,
             configmap=configmap,
+            manifests=manifests,
         )
         self._register(f"gateway {index} ({gateway.url})", gateway)
         return gateway

@@ -989,6 +989,7 @@ def test_examples_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
     documents = [
         doc
         for file in sorted(EXAMPLES.rglob("*.yaml"))
+        if file.name != "compose.yaml"  # examples/compose/: skipped, with a note
         for doc in yaml.safe_load_all(file.read_text(encoding="utf-8"))
         if doc is not None
     ]
@@ -997,3 +998,7 @@ def test_examples_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert documents, "examples/ has no manifests"
     assert (code, out) == (0, [f"{len(documents)} objects valid"]), err
+    assert err.splitlines() == [
+        f"note: skipped 1 document kvpool does not check: compose file "
+        f"({EXAMPLES / 'compose' / 'compose.yaml'})"
+    ]

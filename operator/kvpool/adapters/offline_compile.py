@@ -13,8 +13,9 @@ Secrets or from key files, and :func:`kvpool.domain.compile.build_admission_conf
 compiles them. ``tests/integration/test_offline_compile.py`` compares the result with
 the operator's ConfigMap for the same manifests.
 
-Used by ``kvpool compile`` and by ``kvpool gateway -f`` (which recompiles when a file
-changes).
+Used by ``kvpool compile`` and by ``kvpool gateway -f`` (:class:`ManifestConfigSource`,
+which recompiles when a manifest or key file changes; manifests that stop passing the
+checks are not applied: the gateway keeps the last good config and logs why).
 
 Worked example::
 
@@ -26,11 +27,15 @@ Worked example::
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool.adapters.manifests import load_and_validate
+from kvpool.adapters.config_source import ConfigError, OnConfig, OnError
+from kvpool.adapters.manifests import find_manifest_files, load_and_validate
 from kvpool.api.admission_config import AdmissionConfig, Endpoint
 from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
@@ -46,6 +51,8 @@ from kvpool.domain.compile import (
 from kvpool.domain.manifests import ANNOTATION_STATIC_ENDPOINTS
 from kvpool.domain.planner import PlanError, plan_pool
 from kvpool.domain.revision import revision_of
+
+log = logging.getLogger("kvpool.config")
 
 
 class OfflineCompileError(ValueError):
@@ -231,3 +238,89 @@ def _secret_digests(validated: ValidatedSet, namespace: str) -> dict[tuple[str, 
         if secret.namespace == namespace
         for key, value in secret.values.items()
     }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ManifestConfigSource:
+    """The gateway's config compiled from manifests, recompiled when a file changes.
+
+    The same interface as :class:`kvpool.adapters.config_source.FileConfigSource`
+    (``load``, ``watch``). A file's identity is ``(path, inode, mtime_ns, size)`` for every
+    manifest under the paths and every key file; a new, removed or changed one recompiles.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        endpoints: Mapping[str, str],
+        key_files: Mapping[tuple[str, str | None], Path],
+        namespace: str | None = None,
+        kv_tokens_per_replica: int | None = None,
+        interval: float = 1.0,
+    ) -> None:
+        self.paths = list(paths)
+        self.endpoints = dict(endpoints)
+        self.key_files = dict(key_files)
+        self.namespace = namespace
+        self.kv_tokens_per_replica = kv_tokens_per_replica
+        self.interval = interval
+        self._identity: frozenset[tuple[str, int, int, int]] | None = None
+
+    def _stat(self) -> frozenset[tuple[str, int, int, int]]:
+        files = [f for p in self.paths for f in find_manifest_files(Path(p))]
+        files += list(self.key_files.values())
+        found = set()
+        for file in files:
+            try:
+                st = file.stat()
+            except OSError:
+                continue
+            found.add((str(file), st.st_ino, st.st_mtime_ns, st.st_size))
+        return frozenset(found)
+
+    def load(self) -> AdmissionConfig:
+        """Compile now (raises ConfigError with every problem); remembers the identity."""
+        identity = self._stat()
+        try:
+            result = compile_manifests(
+                self.paths,
+                self.endpoints,
+                self.key_files,
+                namespace=self.namespace,
+                kv_tokens_per_replica=self.kv_tokens_per_replica,
+                generated_at=_now(),
+            )
+        except OfflineCompileError as error:
+            raise ConfigError(str(error)) from error
+        finally:
+            self._identity = identity
+        if result.config is None:
+            lines = "; ".join(p.format() for p in result.problems)
+            raise ConfigError(f"{len(result.problems)} problem(s) in the manifests: {lines}")
+        for warning in result.warnings:
+            log.warning("%s", warning)
+        return result.config
+
+    def changed(self) -> bool:
+        return self._stat() != self._identity
+
+    async def watch(self, on_config: OnConfig, on_error: OnError | None = None) -> None:
+        """Poll forever (cancel the task to stop); deliver each new valid config."""
+        while True:
+            await asyncio.sleep(self.interval)
+            if not await asyncio.to_thread(self.changed):
+                continue
+            try:
+                config = await asyncio.to_thread(self.load)
+            except ConfigError as exc:
+                log.error("manifests not recompiled, keeping the last good config: %s", exc)
+                if on_error is not None:
+                    on_error(str(exc))
+                continue
+            log.info("config recompiled from %s", ", ".join(self.paths))
+            result = on_config(config)
+            if result is not None:
+                await result

@@ -5,6 +5,11 @@ Examples::
     kvpool gateway --config admission.json --listen 127.0.0.1:8080
     kvpool gateway --config admission.json --redis redis://127.0.0.1:6379/0
     kvpool gateway --configmap kvpool-system --redis redis://redis:6379/0   # in a pod
+    kvpool gateway -f manifests/ --endpoints llama-8b=http://10.0.0.7:8000  # no operator
+
+Flags are checked as they are parsed (a wrong value is one ``error:`` line and exit 2);
+``--fail-closed-tier`` is checked against the first config; an address the gateway cannot
+listen on is one line naming it and exit 1.
 
 The config is re-read when it changes (file identity, or the ConfigMap's resourceVersion)
 and applied without dropping in-flight requests; a config that does not parse is logged,
@@ -40,6 +45,12 @@ from kvpool.adapters.config_source import (
     FileConfigSource,
     KubeAccess,
 )
+from kvpool.adapters.offline_compile import (
+    ManifestConfigSource,
+    OfflineCompileError,
+    parse_endpoint_flags,
+    parse_key_file_flags,
+)
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.gateway.http import GatewayRunner
 from kvpool.gateway.metrics import GatewayMetrics
@@ -48,6 +59,75 @@ from kvpool.gateway.settings import GatewaySettings
 
 log = logging.getLogger("kvpool.gateway")
 REDIS_URL_ENV = "KVPOOL_REDIS_URL"  # the chart sets it from gateway.redis.existingSecret
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) -> (host, port), or a usage error.
+
+    >>> listen_address("127.0.0.1:8080"), listen_address(":9000"), listen_address("[::1]:80")
+    (('127.0.0.1', 8080), ('0.0.0.0', 9000), ('::1', 80))
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:8080)")
+    if not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: port {port} is not in 1-65535")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def optional_listen_address(text: str) -> tuple[str, int] | None:
+    """:func:`listen_address`, or None for '' (off)."""
+    return listen_address(text) if text else None
+
+
+def redis_url(text: str) -> str:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or a usage error (never echoing a
+    password)."""
+    scheme, sep, rest = text.partition("://")
+    host = rest.rsplit("@", 1)[-1].split("/", 1)[0]
+    if not sep or scheme not in ("redis", "rediss", "unix") or (scheme != "unix" and not host):
+        shown = repr(text) if "@" not in text else f"{scheme}://... (password hidden)"
+        raise argparse.ArgumentTypeError(
+            f"{shown} is not a Redis URL (expected redis://[:PASSWORD@]HOST:PORT/DB, "
+            "rediss:// for TLS, or unix:///PATH)"
+        )
+    return text
+
+
+def _number(text: str, kind: type[float] | type[int]) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+
+
+def positive_seconds(text: str) -> float:
+    value = _number(text, float)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    value = _number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 0 and 1")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,21 +139,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMESPACE",
         help="read the operator's ConfigMap kvpool-admission in NAMESPACE (in a pod)",
     )
+    source.add_argument(
+        "-f",
+        "--filename",
+        dest="manifests",
+        action="append",
+        metavar="PATH",
+        help="compile these manifests (files or directories, repeatable) as the operator "
+        "would, at start and whenever one changes: no operator, no cluster",
+    )
+    manifests = parser.add_argument_group("with -f (see kvpool compile)")
+    manifests.add_argument(
+        "--endpoints",
+        action="append",
+        default=[],
+        metavar="POOL=URL[,URL]",
+        help="the engines of a ModelPool (repeatable; default: its kvpool.dev/static-endpoints)",
+    )
+    manifests.add_argument(
+        "--key-file",
+        dest="key_files",
+        action="append",
+        default=[],
+        metavar="SECRET/KEY=PATH",
+        help="a tenant key's file, for a Secret that is not in the manifests (repeatable)",
+    )
+    manifests.add_argument("--namespace", default=None, help="the namespace to serve")
+    manifests.add_argument(
+        "--kv-tokens-per-replica",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="plan every pool with this KV capacity per replica instead of its declared one",
+    )
     parser.add_argument("--kube-server", help="Kubernetes API URL (default: in-cluster)")
     parser.add_argument("--kube-token", help="bearer token for --kube-server")
     parser.add_argument(
         "--redis",
         metavar="URL",
         default=os.environ.get(REDIS_URL_ENV) or None,
+        type=redis_url,
         help=f"shared budgets in Redis (default: ${REDIS_URL_ENV}, which keeps a password out "
         "of the process arguments; unset: budgets in memory)",
     )
     parser.add_argument(
-        "--listen", default="0.0.0.0:8080", metavar="ADDR", help="HOST:PORT (default 0.0.0.0:8080)"
+        "--listen",
+        default="0.0.0.0:8080",
+        type=listen_address,
+        metavar="ADDR",
+        help="HOST:PORT (default 0.0.0.0:8080)",
     )
     parser.add_argument(
         "--metrics-listen",
         default="0.0.0.0:8081",
+        type=optional_listen_address,
         metavar="ADDR",
         help="HOST:PORT serving /metrics, apart from the API (default 0.0.0.0:8081; '' = off)",
     )
@@ -84,7 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--header-timeout",
-        type=float,
+        type=positive_seconds,
         default=10.0,
         help="close a connection whose request head is not complete within this many "
         "seconds of connecting or of the previous answer; also the idle keep-alive "
@@ -92,20 +211,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--body-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         help="seconds to receive a whole request body, else 408 (default 30)",
     )
     parser.add_argument(
         "--redis-timeout",
-        type=float,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT,
         help=f"seconds per Redis call, incl. waiting for a pooled connection "
         f"(default {DEFAULT_TIMEOUT:g}; a healthy Redis meets it under a 200-request burst)",
     )
     parser.add_argument(
         "--redis-failure-threshold",
-        type=int,
+        type=positive_int,
         default=3,
         help="consecutive failed Redis calls that open the circuit breaker (default 3)",
     )
@@ -121,7 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--local-budget-fraction",
-        type=float,
+        type=fraction,
         default=0.1,
         help="fail-open allowance per process while Redis is down, share of each limit",
     )
@@ -135,35 +254,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "replicas serve the same pools (admission state is per process; default 100)"
         ),
     )
-    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 1024 * 1024)
     parser.add_argument(
         "--upstream-first-token-timeout",
-        type=float,
+        type=positive_seconds,
         default=20.0,
         help="seconds a stream may wait for its first token (default 20)",
     )
     parser.add_argument(
         "--upstream-idle-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         help="longest pause between two chunks of a stream, seconds (default 30)",
     )
     parser.add_argument(
         "--upstream-timeout",
-        type=float,
+        type=positive_seconds,
         default=600.0,
         help="seconds for a whole NON-streaming answer (default 600; a hung engine is "
         "caught earlier by its health probes)",
     )
     parser.add_argument(
         "--health-probe-interval",
-        type=float,
+        type=seconds_or_zero,
         default=0.5,
         help="seconds between /health probes of every replica; 0 disables (default 0.5)",
     )
     parser.add_argument(
         "--health-probe-timeout",
-        type=float,
+        type=positive_seconds,
         default=1.0,
         help="a replica whose /health does not answer within this twice in a row is ejected "
         "(default 1)",
@@ -173,8 +292,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not set the engine 'priority' (engines not in priority scheduling mode)",
     )
-    parser.add_argument("--reload-interval", type=float, default=1.0, help="seconds between polls")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--reload-interval", type=positive_seconds, default=1.0, help="seconds between polls"
+    )
+    parser.add_argument("--shutdown-timeout", type=seconds_or_zero, default=30.0)
     parser.add_argument("--no-access-log", action="store_true")
     parser.add_argument(
         "--no-learn-reservations",
@@ -183,23 +304,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine-poll-seconds",
-        type=float,
+        type=seconds_or_zero,
         default=0.25,
         help="seconds between polls of each engine's /metrics by all gateway replicas "
         "together: with --plan-share 100/N each polls every N times this (0: never poll)",
     )
     parser.add_argument(
         "--borrow-pause-usage",
-        type=float,
+        type=fraction,
         default=0.97,
         help="measured engine KV usage (0-1) at which lending to lower tiers pauses",
     )
-    parser.add_argument("--log-level", default="INFO")
-
-
-def _listen(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0", int(port))
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
 
 
 def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStore:
@@ -219,12 +340,25 @@ def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStor
     )
 
 
-async def serve(args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT."""
-    source: FileConfigSource | ConfigMapSource
-    if args.config:
-        source = FileConfigSource(args.config, interval=args.reload_interval)
+ConfigSource = FileConfigSource | ConfigMapSource | ManifestConfigSource
+
+
+async def _open_source(args: argparse.Namespace) -> tuple[ConfigSource, AdmissionConfig]:
+    """The config source the flags name, and its first config (raises ConfigError)."""
+    source: ConfigSource
+    if args.manifests:
+        source = ManifestConfigSource(
+            args.manifests,
+            args.endpoint_map,
+            args.key_file_map,
+            namespace=args.namespace,
+            kv_tokens_per_replica=args.kv_tokens_per_replica,
+            interval=args.reload_interval,
+        )
         config: AdmissionConfig = source.load()
+    elif args.config:
+        source = FileConfigSource(args.config, interval=args.reload_interval)
+        config = source.load()
     else:
         access = (
             KubeAccess(server=args.kube_server, token=args.kube_token)
@@ -233,6 +367,16 @@ async def serve(args: argparse.Namespace) -> int:
         )
         source = ConfigMapSource(args.configmap, access, interval=max(args.reload_interval, 2.0))
         config = await source.load()
+    return source, config
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT."""
+    source, config = await _open_source(args)
+    unknown_tier = _unknown_fail_closed_tier(args.fail_closed_tier, config)
+    if unknown_tier is not None:
+        print(f"kvpool gateway: error: {unknown_tier}", file=sys.stderr)
+        return 2
     metrics = GatewayMetrics()
     settings = GatewaySettings(
         max_body_bytes=args.max_body_bytes,
@@ -259,16 +403,23 @@ async def serve(args: argparse.Namespace) -> int:
         keepalive_timeout=args.header_timeout,
     )
     await runner.setup()
-    host, port = _listen(args.listen)
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
+    host, port = args.listen
     metrics_runner: web.AppRunner | None = None
-    if args.metrics_listen:
-        metrics_runner = web.AppRunner(gateway.metrics_app(), access_log=None)
-        await metrics_runner.setup()
-        metrics_host, metrics_port = _listen(args.metrics_listen)
-        await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
-        log.info("metrics on %s:%d", metrics_host, metrics_port)
+    try:
+        await _bind(web.TCPSite(runner, host, port, backlog=1024), "--listen", host, port)
+        if args.metrics_listen:
+            metrics_runner = web.AppRunner(gateway.metrics_app(), access_log=None)
+            await metrics_runner.setup()
+            metrics_host, metrics_port = args.metrics_listen
+            site = web.TCPSite(metrics_runner, metrics_host, metrics_port)
+            await _bind(site, "--metrics-listen", metrics_host, metrics_port)
+            log.info("metrics on %s:%d", metrics_host, metrics_port)
+    except BindError as error:
+        print(f"kvpool gateway: {error}", file=sys.stderr)
+        await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        return 1
     log.info(
         "kvpool gateway on %s:%d: %d pools, %d tenants, budgets in %s",
         host,
@@ -294,6 +445,53 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class BindError(Exception):
+    """An address the gateway cannot listen on (in use, not local, not permitted)."""
+
+
+async def _bind(site: web.TCPSite, flag: str, host: str, port: int) -> None:
+    try:
+        await site.start()
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise BindError(f"cannot listen on {host}:{port} ({flag}): {reason}") from None
+
+
+def _unknown_fail_closed_tier(tiers: list[str], config: AdmissionConfig) -> str | None:
+    """Why a ``--fail-closed-tier`` names no tier of the config, or None."""
+    known = sorted({t.name for p in config.tier_policies for t in p.tiers})
+    for tier in tiers:
+        if tier not in known:
+            return (
+                f"--fail-closed-tier {tier!r} is not a tier of the config "
+                f"(tiers: {', '.join(known) or 'none'})"
+            )
+    return None
+
+
+def _manifest_flags(args: argparse.Namespace) -> str | None:
+    """Parse the -f companions into ``args`` (``endpoint_map``, ``key_file_map``); the
+    usage error when one is wrong or given without -f."""
+    given = [
+        flag
+        for flag, value in (
+            ("--endpoints", args.endpoints),
+            ("--key-file", args.key_files),
+            ("--namespace", args.namespace),
+            ("--kv-tokens-per-replica", args.kv_tokens_per_replica),
+        )
+        if value
+    ]
+    if given and not args.manifests:
+        return f"{given[0]} goes with -f MANIFESTS (a --config or --configmap is compiled already)"
+    try:
+        args.endpoint_map = parse_endpoint_flags(args.endpoints)
+        args.key_file_map = parse_key_file_flags(args.key_files)
+    except OfflineCompileError as error:
+        return str(error)
+    return None
+
+
 def _run_loop(main: Coroutine[Any, Any, int]) -> int:
     """Run on uvloop when it is installed (about half the per-chunk relay cost), else asyncio."""
     try:
@@ -312,6 +510,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not 1 <= args.plan_share <= 100:
         print("kvpool gateway: --plan-share must be 1-100 (percent)", file=sys.stderr)
+        return 2
+    problem = _manifest_flags(args)
+    if problem is not None:
+        print(f"kvpool gateway: error: {problem}", file=sys.stderr)
         return 2
     try:
         return _run_loop(serve(args))
