@@ -9,6 +9,7 @@ import kmock
 import pytest
 
 from kvpool.adapters import kube
+from kvpool.controller import apply
 from kvpool.controller.leader import LeaderElector
 from kvpool.domain import manifests as m
 from tests.builders import modelpool_manifest, served_modelpool
@@ -32,21 +33,21 @@ def _deployment(replicas: int = 2, **engine: Any) -> dict[str, Any]:
 
 
 async def test_apply_creates_then_writes_only_what_changed(client: kube.KubeClient) -> None:
-    created, action = await kube.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
+    created, action = await apply.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
     assert action == "created"
     version = created["metadata"]["resourceVersion"]
 
-    same, action = await kube.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
+    same, action = await apply.apply_deployment(client, _deployment(nodeSelector={"gpu": "a"}))
     assert (action, same["metadata"]["resourceVersion"]) == ("unchanged", version)
 
-    scaled, action = await kube.apply_deployment(client, _deployment(3, nodeSelector={"gpu": "a"}))
+    scaled, action = await apply.apply_deployment(client, _deployment(3, nodeSelector={"gpu": "a"}))
     assert (action, scaled["spec"]["replicas"]) == ("scaled", 3)
 
     # A foreign label survives; a field the spec no longer sets is removed (not merged)
     await client.merge_patch(
         kube.DEPLOYMENTS, "default", "chat-stable", {"metadata": {"labels": {"team": "x"}}}
     )
-    updated, action = await kube.apply_deployment(client, _deployment(3))
+    updated, action = await apply.apply_deployment(client, _deployment(3))
     assert action == "updated"
     assert "nodeSelector" not in updated["spec"]["template"]["spec"]
     assert updated["metadata"]["labels"]["team"] == "x"
@@ -62,7 +63,7 @@ async def test_a_conflict_on_create_becomes_an_update(
     )
     kube_api.emulator["get", kmock.resource("", "v1", "services")][:1] << 404
 
-    service, action = await kube.apply_service(
+    service, action = await apply.apply_service(
         client, m.build_service(served_modelpool(modelpool_manifest("chat")), "stable")
     )
 
@@ -78,7 +79,7 @@ async def test_transient_errors_are_retried(
     kube_api: KubeApi, client: kube.KubeClient, status: int
 ) -> None:
     kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")][:2] << status
-    _, action = await kube.apply_deployment(client, _deployment())
+    _, action = await apply.apply_deployment(client, _deployment())
     assert action == "created"
     assert len(kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")]) == 3
 
@@ -88,7 +89,7 @@ async def test_a_client_error_is_raised_not_retried(
 ) -> None:
     kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")] << 422
     with pytest.raises(kube.ApiError) as caught:
-        await kube.apply_deployment(client, _deployment())
+        await apply.apply_deployment(client, _deployment())
     assert caught.value.status == 422
     assert len(kube_api.emulator["post", kmock.resource("apps", "v1", "deployments")]) == 1
 
@@ -99,9 +100,9 @@ async def test_cleanup_deletes_only_the_pools_children(client: kube.KubeClient) 
         served_modelpool(modelpool_manifest("other")),
     )
     for p in (pool, other):
-        await kube.apply_deployment(client, m.build_deployment(p, "r", 1, "stable"))
-        await kube.apply_service(client, m.build_service(p, "stable"))
-        await kube.apply_pdb(client, m.build_pdb(p, 1))
+        await apply.apply_deployment(client, m.build_deployment(p, "r", 1, "stable"))
+        await apply.apply_service(client, m.build_service(p, "stable"))
+        await apply.apply_pdb(client, m.build_pdb(p, 1))
 
     assert await kube.delete_children(client, "default", "chat") == 3
 
@@ -170,3 +171,27 @@ async def test_leader_election_over_a_lease_with_an_injected_clock(
     await b.release()
     await a.step()
     assert a.leading and started == ["a", "b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(409, kube.ConflictError), (404, kube.NotFoundError), (422, kube.ApiError)],
+    ids=["conflict", "not-found", "invalid"],
+)
+async def test_error_answers_raise_their_type(
+    kube_api: KubeApi, client: kube.KubeClient, status: int, error: type[kube.ApiError]
+) -> None:
+    kube_api.emulator["post", kmock.resource("", "v1", "services")] << status
+    with pytest.raises(error) as caught:
+        await client.create(kube.SERVICES, "default", {"metadata": {"name": "x"}})
+    assert caught.value.status == status, f"HTTP {status} raised {caught.value!r}"
+
+
+async def test_a_stale_finalizer_write_loses_the_race(client: kube.KubeClient) -> None:
+    await client.create(kube.CONFIGMAPS, "default", {"metadata": {"name": "cm"}, "data": {}})
+    stale = await client.get(kube.CONFIGMAPS, "default", "cm")
+    assert stale is not None
+    await client.merge_patch(kube.CONFIGMAPS, "default", "cm", {"data": {"a": "1"}})
+    assert not await kube.set_finalizers(client, kube.CONFIGMAPS, stale, ["x"])
+    fresh = await client.get(kube.CONFIGMAPS, "default", "cm")
+    assert fresh is not None and await kube.set_finalizers(client, kube.CONFIGMAPS, fresh, ["x"])

@@ -32,6 +32,7 @@ from typing import Any
 from kvpool.adapters import kube
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller import apply
 from kvpool.controller.cache import check_object
 from kvpool.controller.clock import rfc3339, utc
 from kvpool.controller.observe import (
@@ -199,13 +200,13 @@ async def _apply_children(
         deployment = await scale_stable(client, pool, warm)
     else:
         desired = m.build_deployment(pool, stable.spec_revision, warm, "stable")
-        deployment, action = await kube.apply_deployment(client, desired)
+        deployment, action = await apply.apply_deployment(client, desired)
         restored += ["Deployment"] if action == "restored" else []
     await _testing_pause(state)
-    _, action = await kube.apply_service(client, m.build_service(pool, "stable"))
+    _, action = await apply.apply_service(client, m.build_service(pool, "stable"))
     restored += ["Service"] if action == "restored" else []
     await _testing_pause(state)
-    _, action = await kube.apply_pdb(client, m.build_pdb(pool, warm))
+    _, action = await apply.apply_pdb(client, m.build_pdb(pool, warm))
     restored += ["PodDisruptionBudget"] if action == "restored" else []
     if restored:
         message = f"restored fields kvpool owns, edited outside kvpool: {', '.join(restored)}"

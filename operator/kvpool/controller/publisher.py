@@ -28,6 +28,7 @@ from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, Admission
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller import apply
 from kvpool.controller.cache import Cache
 from kvpool.controller.clock import rfc3339
 from kvpool.controller.local_mode import StaticEndpoints
@@ -183,7 +184,7 @@ async def publish_namespace(state: OperatorState, namespace: str) -> None:
     config = keep_last_good(compiled.config, previous, held_policies, held_pools)
     desired = m.build_admission_configmap(namespace, config.to_json(), config_hash(config))
     try:
-        action = await kube.apply_admission_configmap(state.kube, desired)
+        action = await apply.apply_admission_configmap(state.kube, desired)
     except kube.ApiError:
         state.metrics.errors.labels("publish").inc()
         raise

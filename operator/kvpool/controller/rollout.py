@@ -44,6 +44,7 @@ from kvpool.adapters.prometheus import (
 from kvpool.api.admission_config import Endpoint
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutPhase, RolloutStatus
 from kvpool.api.tierpolicy import TierPolicy
+from kvpool.controller import apply
 from kvpool.controller.config import OperatorConfig
 from kvpool.controller.metrics import OperatorMetrics
 from kvpool.controller.state import OperatorState
@@ -377,10 +378,10 @@ async def apply_canary(
             if await client.get(resource, namespace, name) is not None:
                 await client.delete(resource, namespace, name)
         return
-    await kube.apply_deployment(
+    await apply.apply_deployment(
         client, m.build_deployment(pool, revision, actions.canary_replicas, "canary")
     )
-    await kube.apply_service(client, m.build_service(pool, "canary"))
+    await apply.apply_service(client, m.build_service(pool, "canary"))
 
 
 async def scale_stable(client: kube.KubeClient, pool: ModelPool, replicas: int) -> kube.JsonObject:
