@@ -12,6 +12,16 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 
+# One version (operator/kvpool/__init__.py): the package's, the image tag, the chart's
+# appVersion; the chart's version is its SemVer spelling (0.1.0.dev0 -> 0.1.0-dev.0).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' operator/kvpool/__init__.py)
+DOCKER ?= docker
+IMAGE ?= ghcr.io/kvpool/kvpool
+IMAGE_TAG ?= $(VERSION)
+ENGINE_IMAGE ?= kvpool-tiny-engine:e2e
+CHART_REGISTRY ?= oci://ghcr.io/kvpool/charts
+DIST ?= dist
+
 .PHONY: help
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -54,6 +64,30 @@ plan: venv ## validate examples/ and print their admission plan (no engines need
 crds: venv ## regenerate crds/*.yaml (and the chart's copy) from the pydantic models
 	$(BIN)/kvpool crds --out-dir crds/
 	cp crds/*.yaml charts/kvpool/crds/
+
+.PHONY: image
+image: ## build the operator/gateway image $(IMAGE):$(IMAGE_TAG) from the Dockerfile (needs Docker)
+	$(DOCKER) build -t $(IMAGE):$(IMAGE_TAG) -f Dockerfile .
+
+.PHONY: engine-image
+engine-image: ## build the kind e2e's vLLM CPU engine image with the tiny model baked in (needs Docker)
+	@ctx="$$(mktemp -d)" && mkdir -p "$$ctx/tests/support" "$$ctx/scripts" \
+	  && cp tests/support/tiny_model.py tests/support/make_tiny_model.py "$$ctx/tests/support/" \
+	  && cp scripts/kvpool_amx_permission.py "$$ctx/scripts/" \
+	  && $(DOCKER) build -t $(ENGINE_IMAGE) -f e2e/kind/engine.Dockerfile "$$ctx"; \
+	  status=$$?; rm -rf "$$ctx"; exit $$status
+
+.PHONY: chart
+chart: venv ## package charts/kvpool as $(DIST)/kvpool-<version>.tgz (helm package; versions from kvpool.__version__)
+	$(PY) scripts/package_chart.py --out-dir $(DIST)
+
+.PHONY: chart-push
+chart-push: chart ## push the packaged chart to $(CHART_REGISTRY) (helm push; log in with helm registry login first)
+	helm push $(DIST)/kvpool-$$($(PY) scripts/package_chart.py --print-version).tgz $(CHART_REGISTRY)
+
+.PHONY: plugin
+plugin: ## the krew archive of the kubectl plugin and plugins/kvpool.yaml's sha256 (dist/)
+	$(PY) scripts/krew_plugin.py --out-dir $(DIST)
 
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy, import-linter

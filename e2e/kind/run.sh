@@ -87,18 +87,11 @@ create_cluster() {
 }
 
 build_images() {
-  # Small build contexts: the repo root holds .venv and .cache (GBs) the daemon must not get.
+  # `make image` (the repo's Dockerfile; .dockerignore keeps .venv and .cache out of the
+  # context) and `make engine-image` (vLLM CPU + tiny model, from a small context).
   log "building $kvpool_image (repo Dockerfile) and $engine_image (vLLM CPU + tiny model)"
-  local app_ctx="$workdir/app" engine_ctx="$workdir/engine"
-  mkdir -p "$app_ctx" "$engine_ctx/tests/support" "$engine_ctx/scripts"
-  cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/operator" "$app_ctx/"
-  rm -rf "$app_ctx/operator/kvpool.egg-info"
-  find "$app_ctx" -name __pycache__ -type d -prune -exec rm -rf {} +
-  docker build -t "$kvpool_image" -f "$repo/Dockerfile" "$app_ctx"
-  cp "$repo/tests/support/tiny_model.py" "$repo/tests/support/make_tiny_model.py" \
-    "$engine_ctx/tests/support/"
-  cp "$repo/scripts/kvpool_amx_permission.py" "$engine_ctx/scripts/"
-  docker build -t "$engine_image" -f "$here/engine.Dockerfile" "$engine_ctx"
+  make -C "$repo" image IMAGE="${kvpool_image%%:*}" IMAGE_TAG="${kvpool_image##*:}"
+  make -C "$repo" engine-image ENGINE_IMAGE="$engine_image"
   log "loading the images into the kind nodes"
   kind load docker-image "$kvpool_image" "$engine_image" --name "$cluster"
 }
