@@ -2,7 +2,7 @@
 into what the steps rely on, and every command it shows is one its tool accepts, naming
 things that exist (files, the Secret the values read, the Service it port-forwards, the
 pool it calls, the tiers it grants). Followed for real on the API emulator:
-e2e/test_quick_start.py.
+tests/integration/test_quick_start.py.
 """
 
 from __future__ import annotations
