@@ -10,13 +10,15 @@ It prints the ``kubectl`` command to use against the emulator, e.g.::
 
 (``kubectl --server http://127.0.0.1:PORT --validate=false --cache-dir DIR get kvpool -A``
 works too.) No Prometheus: pools plan with their declared capacity. Everything started is
-stopped on exit.
+stopped on exit, Ctrl-C or SIGTERM (which Python would otherwise end without any clean-up,
+leaving the operator running).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import tempfile
 import time
@@ -37,7 +39,13 @@ PLURALS = {
 }
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so every ``with`` block stops what it started."""
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=Path, default=REPO / "examples")
     parser.add_argument("--once", action="store_true", help="print the table and exit")
@@ -66,7 +74,10 @@ def main() -> int:
                 if d["kind"] == "ModelPool"
             ]
             wait_until(lambda: all(kube.client.get(p).get("status", {}).get("plan") for p in pools))
-            print(f"API emulator: {kube.url}  (operator log: {op.process.log_path})")
+            print(
+                f"API emulator: {kube.url}  (operator pid {op.process.pid}, "
+                f"log: {op.process.log_path})"
+            )
             print(
                 f"kubectl --kubeconfig {kube.kubeconfig} --cache-dir {kube.kubectl_cache} "
                 "get kvpool -A"
@@ -75,7 +86,7 @@ def main() -> int:
             if args.once:
                 return 0
             with contextlib.suppress(KeyboardInterrupt):
-                print("Ctrl-C to stop")
+                print("Ctrl-C to stop", flush=True)
                 while op.process.running():
                     time.sleep(1)  # an interactive session: idle until the user stops it
     return 0

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import urllib.parse
@@ -541,7 +544,7 @@ def test_kubectl_shows_the_printer_columns(kube_api: KubeApi, operator: Operator
     header, row = next(
         (line, out.splitlines()[i + 1]) for i, line in enumerate(out.splitlines()) if "WARM" in line
     )
-    for column in ("READY", "WARM", "KV/REPLICA", "PHASE"):
+    for column in ("READY", "WARM", "KV/REPLICA", "TOP TIER FLOOR", "PHASE"):
         assert column in header
     assert row.split()[:7] == [
         "default",
@@ -552,6 +555,15 @@ def test_kubectl_shows_the_printer_columns(kube_api: KubeApi, operator: Operator
         "2700",
         "Pending",
     ]
+    # a tenant whose key Secret is missing is not ready, and `get kvpool -A` says so
+    broken = tenantbudget_manifest("ghost").tiers("interactive").dict()
+    kube_api.client.create(tb(), broken)
+    wait_until(lambda: (kube_api.client.get(tb("ghost")).get("status") or {}).get("conditions"))
+    lines = kube_api.kubectl("get", "kvpool", "-A").stdout.splitlines()
+    budget_header = next(line for line in lines if "OVER BUDGET" in line)
+    assert budget_header.split()[-2:] == ["READY", "AGE"]
+    (ghost,) = [line for line in lines if "tenantbudget.kvpool.dev/ghost" in line]
+    assert ghost.split()[-2] == "False", ghost
 
 
 def test_the_playground_shows_the_examples_planned() -> None:
@@ -569,6 +581,42 @@ def test_the_playground_shows_the_examples_planned() -> None:
     assert any(line.startswith("kubectl --kubeconfig") for line in lines)
     rows = {line.split()[1]: line.split() for line in lines if "modelpool.kvpool.dev/" in line}
     assert rows["modelpool.kvpool.dev/llama-8b"][3:5] == ["4", "400000"]  # WARM, KV/REPLICA
+
+
+def test_the_playground_stops_its_operator_on_sigterm() -> None:
+    playground = subprocess.Popen(
+        [sys.executable, "-m", "tests.operator_playground"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert playground.stdout is not None
+        lines = []
+        for line in playground.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C to stop"):
+                break
+        (pid,) = [int(m) for line in lines for m in re.findall(r"operator pid (\d+)", line)]
+        os.kill(pid, 0)  # running
+
+        playground.send_signal(signal.SIGTERM)
+        assert playground.wait(timeout=60) == 0
+    finally:
+        playground.kill()
+        playground.wait()
+        if playground.stdout is not None:
+            playground.stdout.close()
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, timeout=10)
 
 
 def test_a_pool_deleted_while_the_operator_was_down_is_cleaned_up(

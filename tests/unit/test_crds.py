@@ -222,7 +222,7 @@ COLUMNS = {
         ("Ready", ".status.replicas.ready"),
         ("Warm", ".status.plan.replicas"),
         ("KV/Replica", ".status.capacity.kvTokensPerReplica"),
-        ("Interactive Floor", ".status.plan.tiers[0].floorTokens"),
+        ("Top Tier Floor", ".status.plan.tiers[0].floorTokens"),
         ("Phase", ".status.phase"),
         ("Revision", ".status.rollout.stableRevision"),
         ("Rollout", ".status.rollout.phase"),
@@ -249,6 +249,15 @@ def test_printer_columns(kind: str, columns: list[tuple[str, str]]) -> None:
     (version,) = build_crd(KINDS[kind])["spec"]["versions"]
 
     assert [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]] == columns
+
+
+def test_every_ready_column_is_shown_by_default() -> None:
+    """``kubectl get kvpool -A`` shows only priority-0 columns: a tenant whose key is
+    broken (Ready False) must not look fine there."""
+    for kind in KINDS.values():
+        (version,) = build_crd(kind)["spec"]["versions"]
+        ready = [c for c in version["additionalPrinterColumns"] if c["name"] == "Ready"]
+        assert ready and all(c.get("priority", 0) == 0 for c in ready), kind.kind
 
 
 def _walk_json_path(schema: dict[str, Any], json_path: str) -> dict[str, Any] | None:

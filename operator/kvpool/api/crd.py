@@ -95,10 +95,11 @@ CRD_KINDS: tuple[CrdKind, ...] = (
                 "KV tokens one replica holds.",
             ),
             PrinterColumn(
-                "Interactive Floor",
+                "Top Tier Floor",
                 "integer",
                 ".status.plan.tiers[0].floorTokens",
-                "KV tokens guaranteed to the highest-priority tier (e.g. interactive).",
+                "KV tokens guaranteed to the policy's first (highest-priority) tier, whatever "
+                "its name.",
             ),
             PrinterColumn("Phase", "string", ".status.phase", "Pool phase at a glance."),
             PrinterColumn(
@@ -137,12 +138,12 @@ CRD_KINDS: tuple[CrdKind, ...] = (
             PrinterColumn("Tenant", "string", ".spec.tenant", "Tenant id."),
             PrinterColumn("Tiers", "string", ".spec.tiers", "Tiers the tenant may use."),
             PrinterColumn("Over Budget", "string", ".spec.overBudget", "Reject or Demote."),
+            # shown by default: `kubectl get kvpool -A` must show a tenant whose key is broken
             PrinterColumn(
                 "Ready",
                 "string",
                 '.status.conditions[?(@.type=="Ready")].status',
-                "Ready condition.",
-                priority=1,
+                "Ready condition (False: the tenant is not served, see its conditions).",
             ),
         ),
     ),
