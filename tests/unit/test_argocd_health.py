@@ -14,7 +14,8 @@ import pytest
 from lupa.lua51 import LuaRuntime
 
 from kvpool.api.common import Condition
-from kvpool.api.modelpool import ModelPoolStatus, RolloutStatus
+from kvpool.api.modelpool import ModelPoolStatus
+from kvpool.api.rollout import RolloutStatus
 from kvpool.domain import conditions as c
 from kvpool.domain.planner import CAPACITY_UNKNOWN, REPLICA_TOO_SMALL
 

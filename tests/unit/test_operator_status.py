@@ -6,15 +6,9 @@ from typing import Any
 
 import pytest
 
-from kvpool.api.modelpool import (
-    GateStatus,
-    MeasuredCapacity,
-    ModelPoolStatus,
-    PlanStatus,
-    ReplicaStatus,
-    RolloutStatus,
-    TierPlanStatus,
-)
+from kvpool.api.modelpool import MeasuredCapacity, ModelPoolStatus, ReplicaStatus
+from kvpool.api.plan import PlanStatus, TierPlanStatus
+from kvpool.api.rollout import GateStatus, RolloutStatus
 from kvpool.domain import conditions as c
 from kvpool.domain.measurement import (
     METRICS_OFF,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.api.modelpool import RolloutSpec, RolloutStatus, RolloutStep
+from kvpool.api.rollout import RolloutSpec, RolloutStatus, RolloutStep
 from kvpool.domain.rollout.actions import ACTION_PHASES, assess_action
 from kvpool.domain.rollout.machine import (
     ACTIONS,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.api.modelpool import GateStatus, RolloutSpec, RolloutStatus, RolloutStep
+from kvpool.api.rollout import GateStatus, RolloutSpec, RolloutStatus, RolloutStep
 from kvpool.domain.rollout.gates import TrackSample
 from kvpool.domain.rollout.machine import (
     RolloutObservation,

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from kvpool.api.admission_config import CompiledPool, Endpoint, TierAllocation, Track, TrackPlan
-from kvpool.api.modelpool import ModelPool, PlanStatus, TierPlanStatus
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.plan import PlanStatus, TierPlanStatus
 from kvpool.domain.admission import REASON_TOO_LARGE_FOR_POOL, AdmissionRequest, Admit, Reject
 from kvpool.domain.compile import CanaryInput, PoolInput, build_compiled_pool
 from kvpool.domain.rollout.track_plan import plan_canary

@@ -14,7 +14,7 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from kvpool.api.modelpool import RolloutPhase
+from kvpool.api.rollout import RolloutPhase
 from kvpool.domain.conditions import MODELPOOL_CONDITION_TYPES
 from kvpool.domain.rollout.gates import GateName
 

@@ -42,7 +42,8 @@ from kvpool.adapters.prometheus import (
     fetch_track_windows_async,
 )
 from kvpool.api.admission_config import Endpoint
-from kvpool.api.modelpool import ModelPool, ModelPoolStatus, RolloutPhase, RolloutStatus
+from kvpool.api.modelpool import ModelPool, ModelPoolStatus
+from kvpool.api.rollout import RolloutPhase, RolloutStatus
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller import apply
 from kvpool.controller.config import OperatorConfig

@@ -42,7 +42,8 @@ from kvpool.api.admission_config import (
     TrackPlan,
 )
 from kvpool.api.common import parse_duration
-from kvpool.api.modelpool import ModelPool, PlanStatus
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.plan import PlanStatus
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 

@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME
 from kvpool.api.common import API_VERSION
-from kvpool.api.modelpool import EnvVar, ModelPool
+from kvpool.api.core import EnvVar
+from kvpool.api.modelpool import ModelPool
 
 Track = Literal["stable", "canary"]
 TRACKS: tuple[Track, ...] = ("stable", "canary")

@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpool.api.modelpool import ModelPool, PlanStatus, TierPlanStatus
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.plan import PlanStatus, TierPlanStatus
 from kvpool.api.tierpolicy import TierPolicy
 
 CapacitySource = Literal["Measured", "Declared"]

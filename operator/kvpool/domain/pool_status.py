@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvpool.api.common import Condition, ConditionStatus
-from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, PlanStatus, ReplicaStatus
+from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, ReplicaStatus
+from kvpool.api.plan import PlanStatus
 from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL, TenantBudgetStatus
 from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.domain import conditions as c

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvpool.api.common import parse_duration
-from kvpool.api.modelpool import GateStatus, RolloutSpec, RolloutStatus
+from kvpool.api.rollout import GateStatus, RolloutSpec, RolloutStatus
 from kvpool.domain.rollout.gates import (
     INCONCLUSIVE,
     KV_CAPACITY_SHRUNK,

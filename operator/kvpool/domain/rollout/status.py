@@ -19,7 +19,8 @@ I/O so the pool reconciler only hands the pieces over.
 from __future__ import annotations
 
 from kvpool.api.common import ConditionStatus
-from kvpool.api.modelpool import ModelPoolStatus, ReplicaStatus, RolloutStatus
+from kvpool.api.modelpool import ModelPoolStatus, ReplicaStatus
+from kvpool.api.rollout import RolloutStatus
 from kvpool.domain import conditions as c
 
 

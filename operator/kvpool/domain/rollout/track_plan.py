@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool.api.modelpool import ModelPool, PlanStatus, TierPlanStatus
+from kvpool.api.modelpool import ModelPool
+from kvpool.api.plan import PlanStatus, TierPlanStatus
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.domain.planner import PlanError, PoolPlan, plan_pool
 
