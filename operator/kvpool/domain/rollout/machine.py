@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from kvpool.api.common import parse_duration
-from kvpool.api.rollout import GateStatus, RolloutSpec, RolloutStatus
+from kvpool.api.rollout import GateStatus, RolloutPhase, RolloutSpec, RolloutStage, RolloutStatus
 from kvpool.domain.rollout.gates import (
     INCONCLUSIVE,
     KV_CAPACITY_SHRUNK,
@@ -69,21 +70,18 @@ from kvpool.domain.rollout.gates import (
     assess_ttft,
 )
 
-IDLE, PROGRESSING, PAUSED, PROMOTED, ABORTED = (
-    "Idle",
-    "Progressing",
-    "Paused",
-    "Promoted",
-    "Aborted",
-)
-STARTING, ANALYZING, PROMOTING, DRAINING, REPLACING, DRAINING_CANARY = (
-    "Starting",
-    "Analyzing",
-    "Promoting",
-    "Draining",
-    "ReplacingStable",
-    "DrainingCanary",
-)
+# the names of RolloutPhase and RolloutStage (kvpool.api.rollout), typed by them
+IDLE: Final[RolloutPhase] = "Idle"
+PROGRESSING: Final[RolloutPhase] = "Progressing"
+PAUSED: Final[RolloutPhase] = "Paused"
+PROMOTED: Final[RolloutPhase] = "Promoted"
+ABORTED: Final[RolloutPhase] = "Aborted"
+STARTING: Final[RolloutStage] = "Starting"
+ANALYZING: Final[RolloutStage] = "Analyzing"
+PROMOTING: Final[RolloutStage] = "Promoting"
+DRAINING: Final[RolloutStage] = "Draining"
+REPLACING: Final[RolloutStage] = "ReplacingStable"
+DRAINING_CANARY: Final[RolloutStage] = "DrainingCanary"
 CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
 MANUAL_PAUSE = "ManualPause"
 MANUAL_ABORT = "ManualAbort"
@@ -455,105 +453,158 @@ def _on_failure(b: _Builder, spec: RolloutSpec, reason: str, message: str) -> No
         _pause(b, reason, message)
 
 
-def _progress(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+def _unschedulable_too_long(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> bool:
+    """Track since when a canary pod is unschedulable; pause once unschedulableTimeout has
+    passed (instead of stalling silently). True when it paused."""
     st = b.status
-    # An unschedulable canary pauses after the timeout instead of stalling silently.
-    if obs.canary_unschedulable:
-        since = st.canary_unschedulable_since or b.stamp
-        b.update(canary_unschedulable_since=since)
-        waited = _elapsed(since, obs.now) or 0.0
-        if waited >= parse_duration(spec.unschedulable_timeout):
-            _pause(
-                b,
-                CANARY_UNSCHEDULABLE,
-                f"a canary pod of revision {st.canary_revision} has been unschedulable for "
-                f"{waited:.0f}s (unschedulableTimeout {spec.unschedulable_timeout})",
-            )
-            return
-    elif st.canary_unschedulable_since is not None:
-        b.update(canary_unschedulable_since=None)
+    if not obs.canary_unschedulable:
+        if st.canary_unschedulable_since is not None:
+            b.update(canary_unschedulable_since=None)
+        return False
+    since = st.canary_unschedulable_since or b.stamp
+    b.update(canary_unschedulable_since=since)
+    waited = _elapsed(since, obs.now) or 0.0
+    if waited < parse_duration(spec.unschedulable_timeout):
+        return False
+    _pause(
+        b,
+        CANARY_UNSCHEDULABLE,
+        f"a canary pod of revision {st.canary_revision} has been unschedulable for "
+        f"{waited:.0f}s (unschedulableTimeout {spec.unschedulable_timeout})",
+    )
+    return True
 
-    if st.stage == STARTING and obs.canary_ready > 0 and obs.canary_kv is None:
+
+def _kv_gate(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> GateVerdict | None:
+    """The KV gate once a canary replica is ready and measured (None before); a failure
+    pauses with KVCapacityShrunk unless a human resumed past it."""
+    st = b.status
+    if obs.canary_ready <= 0 or obs.canary_kv is None:
+        return None
+    verdict = assess_kv_capacity(obs.stable_kv, obs.canary_kv, spec.gates.min_kv_capacity_ratio)
+    accepted = st.stage == ANALYZING and st.reason is None and _kv_accepted(st)
+    kv_gate = _gate_status(verdict, st.gates, b.stamp, count_failure=False)
+    b.update(gates=_set_gates(b.status, [kv_gate]).gates)
+    if isinstance(verdict, Failed) and not accepted:
+        _pause(b, KV_CAPACITY_SHRUNK, verdict.message)
+    return verdict
+
+
+def _starting(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """Wait for a ready, measured canary; a KV gate that passes starts step 1."""
+    st = b.status
+    if obs.canary_ready > 0 and obs.canary_kv is None:
         b.update(
             message=(
                 f"canary {st.canary_revision} ready; waiting for its KV measurement "
                 "(vllm:cache_config_info in Prometheus) before it gets any traffic"
             )
         )
-    if st.stage in (STARTING, ANALYZING) and obs.canary_ready > 0 and obs.canary_kv is not None:
-        verdict = assess_kv_capacity(obs.stable_kv, obs.canary_kv, spec.gates.min_kv_capacity_ratio)
-        accepted = st.stage == ANALYZING and st.reason is None and _kv_accepted(st)
-        kv_gate = _gate_status(verdict, st.gates, b.stamp, count_failure=False)
-        b.update(gates=_set_gates(b.status, [kv_gate]).gates)
-        if isinstance(verdict, Failed) and not accepted:
-            _pause(b, KV_CAPACITY_SHRUNK, verdict.message)
-            return
-        if st.stage == STARTING and not isinstance(verdict, Inconclusive):
-            first = spec.steps[0]
-            b.update(
-                stage=ANALYZING,
-                weight=first.weight,
-                step_started_at=b.stamp,
-                message=(
-                    f"step 1/{len(spec.steps)}: canary weight {first.weight}% ({verdict.message})"
-                ),
-            )
-            b.event("Normal", EVENT_STEP, b.status.message or "")
-            return
-    if b.status.stage == ANALYZING:
+    verdict = _kv_gate(b, spec, obs)
+    if verdict is None or b.status.phase != PROGRESSING or isinstance(verdict, Inconclusive):
+        return
+    first = spec.steps[0]
+    b.update(
+        stage=ANALYZING,
+        weight=first.weight,
+        step_started_at=b.stamp,
+        message=f"step 1/{len(spec.steps)}: canary weight {first.weight}% ({verdict.message})",
+    )
+    b.event("Normal", EVENT_STEP, b.status.message or "")
+
+
+def _analyzing(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """The KV gate again (the canary may have been re-measured), then the step's analysis."""
+    _kv_gate(b, spec, obs)
+    if b.status.phase == PROGRESSING:
         _analyze(b, spec, obs)
-    elif b.status.stage == PROMOTING:
-        if obs.canary_ready >= max(obs.warm_replicas, 1):
-            b.update(
-                stage=DRAINING,
-                drain_started_at=b.stamp,
-                message=f"canary {st.canary_revision} carries all traffic: draining stable "
-                f"{st.stable_revision}",
-            )
-            b.event("Normal", EVENT_PROMOTING, b.status.message or "")
-    elif b.status.stage == DRAINING:
-        waited = _elapsed(b.status.drain_started_at, obs.now) or 0.0
-        if obs.stable_in_flight == 0 or waited >= parse_duration(spec.drain_timeout):
-            how = (
-                "drained"
-                if obs.stable_in_flight == 0
-                else f"drainTimeout {spec.drain_timeout} reached"
-            )
-            b.update(
-                stage=REPLACING,
-                message=(
-                    f"stable {st.stable_revision} {how}: replacing it with {st.canary_revision}"
-                ),
-            )
-            b.event("Normal", EVENT_PROMOTING, b.status.message or "")
-    elif b.status.stage == REPLACING and obs.stable_updated:
-        b.update(
-            stage=DRAINING_CANARY,
-            weight=0,
-            drain_started_at=b.stamp,
-            message=(
-                f"stable runs {st.canary_revision} and takes all traffic: draining the canary"
-            ),
-        )
-        b.event("Normal", EVENT_PROMOTING, b.status.message or "")
-    elif b.status.stage == DRAINING_CANARY and (
-        obs.canary_in_flight == 0
-        or (_elapsed(b.status.drain_started_at, obs.now) or 0.0)
-        >= parse_duration(spec.drain_timeout)
-    ):
-        b.phase(
-            PROMOTED,
-            None,
-            f"revision {st.canary_revision} promoted to stable (was {st.stable_revision})",
-            EVENT_PROMOTED,
-            stage=None,
-            stable_revision=st.canary_revision,
-            canary_revision=None,
-            step=None,
-            weight=0,
-            canary_replicas=0,
-            drain_started_at=None,
-        )
+
+
+def _promoting(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """The canary scales to the full warm count; once it is ready, stable drains."""
+    st = b.status
+    if obs.canary_ready < max(obs.warm_replicas, 1):
+        return
+    b.update(
+        stage=DRAINING,
+        drain_started_at=b.stamp,
+        message=f"canary {st.canary_revision} carries all traffic: draining stable "
+        f"{st.stable_revision}",
+    )
+    b.event("Normal", EVENT_PROMOTING, b.status.message or "")
+
+
+def _draining(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """Old stable gets nothing; once it runs nothing (or drainTimeout), it is replaced."""
+    st = b.status
+    waited = _elapsed(st.drain_started_at, obs.now) or 0.0
+    drained = obs.stable_in_flight == 0
+    if not drained and waited < parse_duration(spec.drain_timeout):
+        return
+    how = "drained" if drained else f"drainTimeout {spec.drain_timeout} reached"
+    b.update(
+        stage=REPLACING,
+        message=f"stable {st.stable_revision} {how}: replacing it with {st.canary_revision}",
+    )
+    b.event("Normal", EVENT_PROMOTING, b.status.message or "")
+
+
+def _replacing(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """The stable Deployment gets the new revision; once it is ready, the canary drains."""
+    if not obs.stable_updated:
+        return
+    b.update(
+        stage=DRAINING_CANARY,
+        weight=0,
+        drain_started_at=b.stamp,
+        message=(
+            f"stable runs {b.status.canary_revision} and takes all traffic: draining the canary"
+        ),
+    )
+    b.event("Normal", EVENT_PROMOTING, b.status.message or "")
+
+
+def _draining_canary(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    """The canary finishes its requests (or drainTimeout); then the rollout is Promoted."""
+    st = b.status
+    waited = _elapsed(st.drain_started_at, obs.now) or 0.0
+    if obs.canary_in_flight != 0 and waited < parse_duration(spec.drain_timeout):
+        return
+    b.phase(
+        PROMOTED,
+        None,
+        f"revision {st.canary_revision} promoted to stable (was {st.stable_revision})",
+        EVENT_PROMOTED,
+        stage=None,
+        stable_revision=st.canary_revision,
+        canary_revision=None,
+        step=None,
+        weight=0,
+        canary_replicas=0,
+        drain_started_at=None,
+    )
+
+
+StageStep = Callable[[_Builder, RolloutSpec, RolloutObservation], None]
+
+# What one reconcile does in each stage of a progressing rollout (the module docstring's
+# table, in the same order).
+STAGE_STEPS: dict[RolloutStage, StageStep] = {
+    STARTING: _starting,
+    ANALYZING: _analyzing,
+    PROMOTING: _promoting,
+    DRAINING: _draining,
+    REPLACING: _replacing,
+    DRAINING_CANARY: _draining_canary,
+}
+
+
+def _progress(b: _Builder, spec: RolloutSpec, obs: RolloutObservation) -> None:
+    if _unschedulable_too_long(b, spec, obs):
+        return
+    step = STAGE_STEPS.get(b.status.stage) if b.status.stage is not None else None
+    if step is not None:
+        step(b, spec, obs)
 
 
 def _kv_accepted(st: RolloutStatus) -> bool:
