@@ -22,14 +22,12 @@ from kvpool.domain.measurement import (
 )
 from kvpool.domain.planner import PlanError, plan_pool
 from kvpool.domain.pool_status import (
-    KeyLookup,
     PoolObservation,
-    build_budget_status,
     build_missing_policy_status,
-    build_policy_status,
     build_pool_status,
-    plan_events,
 )
+from kvpool.domain.side_statuses import KeyLookup, build_budget_status, build_policy_status
+from kvpool.domain.status_events import plan_events
 from tests.builders import modelpool_manifest, standard_tierpolicy_manifest
 
 

@@ -14,13 +14,9 @@ from kvpool.api.admission_config import AdmissionConfig, CompiledTierPolicy
 from kvpool.api.validation import check_custom_object
 from kvpool.domain import conditions as c
 from kvpool.domain.fail_static import keep_last_good
-from kvpool.domain.pool_status import (
-    KeyLookup,
-    build_blocked_status,
-    build_budget_status,
-    build_policy_status,
-    status_events,
-)
+from kvpool.domain.pool_status import build_blocked_status
+from kvpool.domain.side_statuses import KeyLookup, build_budget_status, build_policy_status
+from kvpool.domain.status_events import status_events
 from kvpool.domain.validity import Checked, Verdict, assess_namespace, first_claims
 from tests.builders import (
     declared_modelpool_manifest,

@@ -57,11 +57,11 @@ from kvpool.domain.pool_status import (
     build_blocked_status,
     build_pool_status,
     keep_load_time,
-    plan_events,
 )
 from kvpool.domain.revision import revision_of
 from kvpool.domain.rollout.machine import to_rfc3339
 from kvpool.domain.rollout.status import build_rollout_status
+from kvpool.domain.status_events import plan_events
 from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 
 log = logging.getLogger(__name__)

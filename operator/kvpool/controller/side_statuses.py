@@ -2,7 +2,7 @@
 
 Why it exists: these statuses follow every config publish of a namespace but must never
 delay it (a namespace may hold thousands of tenants), so they run on their own coalescing
-queue in the background. The decisions are pure (:mod:`kvpool.domain.pool_status`); this
+queue in the background. The decisions are pure (:mod:`kvpool.domain.side_statuses`); this
 module reads the cache and patches a status only when it differs from what is stored or
 was last written, posts a Warning Event when an object becomes invalid, and keeps the
 ``kvpool.dev/in-use`` finalizer on every TierPolicy a ModelPool references.
@@ -23,13 +23,13 @@ from kvpool.controller.cache import Cache, key_refs_of
 from kvpool.controller.clock import rfc3339
 from kvpool.controller.observe import assess_cached_namespace
 from kvpool.controller.state import OperatorState
-from kvpool.domain.pool_status import (
+from kvpool.domain.side_statuses import (
     FINALIZER_IN_USE,
     KeyLookup,
     build_budget_status,
     build_policy_status,
-    status_events,
 )
+from kvpool.domain.status_events import status_events
 from kvpool.domain.validity import NamespaceVerdicts
 
 Body = Mapping[str, Any]

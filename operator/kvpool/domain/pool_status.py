@@ -1,10 +1,10 @@
-"""The status of kvpool objects and the Events a reconcile produces, decided without I/O.
+"""The status of a ModelPool, decided without I/O.
 
 Why it exists: the reconcile function gathers observations (the pool, its policy, the
 metrics, the Deployment) and hands them here; this module decides what ``status`` says
-(conditions with their reasons, phase, plan, capacity, replicas) and which decisions a
-human should hear about as Kubernetes Events. Keeping it pure makes every combination a
-row in a test table.
+(conditions with their reasons, phase, plan, capacity, replicas). Keeping it pure makes
+every combination a row in a test table. The Events a change implies are decided by
+:mod:`.status_events`; TierPolicy and TenantBudget statuses by :mod:`.side_statuses`.
 
 Phase at a glance (first that applies): ``Error`` (no plan: missing TierPolicy, invalid
 spec, planner error), ``Degraded`` (replicas disagree on capacity), ``Pending`` (fewer
@@ -18,15 +18,11 @@ with Prometheus up, gets ``phase: Ready``, ``Ready=True/PoolReady``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from kvpool.api.common import Condition, ConditionStatus
 from kvpool.api.modelpool import LoadStatus, ModelPoolStatus, ReplicaStatus
 from kvpool.api.plan import PlanStatus
-from kvpool.api.tenantbudget import API_KEY_SECRET_LABEL, TenantBudgetStatus
-from kvpool.api.tierpolicy import TierPolicyStatus
 from kvpool.domain import conditions as c
 from kvpool.domain.measurement import (
     METRICS_OFF,
@@ -37,36 +33,6 @@ from kvpool.domain.measurement import (
     MetricsState,
 )
 from kvpool.domain.planner import PlanError, PoolPlan
-from kvpool.domain.validity import Verdict
-
-EventType = Literal["Normal", "Warning"]
-
-# Held on a TierPolicy while ModelPools use it: deleting it waits until none does.
-FINALIZER_IN_USE = "kvpool.dev/in-use"
-
-# Event reasons (CamelCase constants).
-EVENT_SCALED = "ScaledWarmReplicas"
-EVENT_CAPACITY_SHORT = "CapacityShort"
-EVENT_MEASUREMENT_CHANGED = "MeasurementChanged"
-EVENT_REPLICAS_DISAGREE = "ReplicasDisagree"
-EVENT_TIER_POLICY_NOT_FOUND = "TierPolicyNotFound"
-EVENT_METRICS_UNAVAILABLE = "MetricsUnavailable"
-EVENT_INVALID_SPEC = "InvalidSpec"
-EVENT_TIER_POLICY_INVALID = "TierPolicyInvalid"
-# Ready reasons that stop the operator acting on a pool; entering one (or a new message,
-# e.g. another invalid field) is a Warning Event with the same reason.
-BLOCKING_REASONS = frozenset(
-    {EVENT_TIER_POLICY_NOT_FOUND, EVENT_INVALID_SPEC, EVENT_TIER_POLICY_INVALID}
-)
-
-
-@dataclass(frozen=True)
-class EventIntent:
-    """A Kubernetes Event to emit on the ModelPool."""
-
-    type: EventType  # Normal or Warning
-    reason: str  # CamelCase constant
-    message: str  # the decision with its numbers
 
 
 @dataclass(frozen=True)
@@ -297,199 +263,3 @@ def keep_load_time(load: LoadStatus | None, prior: ModelPoolStatus | None) -> Lo
     ):
         return prior.load
     return load
-
-
-def plan_events(
-    prior: ModelPoolStatus | None, new: ModelPoolStatus, assessment: CapacityAssessment | None
-) -> list[EventIntent]:
-    """Events for the decisions in ``new`` that differ from ``prior``.
-
-    >>> from kvpool.api.modelpool import ReplicaStatus
-    >>> old = ModelPoolStatus(replicas=ReplicaStatus(desired=1))
-    >>> new = ModelPoolStatus(replicas=ReplicaStatus(desired=3))
-    >>> [e.reason for e in plan_events(old, new, None)]
-    ['ScaledWarmReplicas']
-    """
-    prior = prior or ModelPoolStatus()
-    events: list[EventIntent] = []
-    before = prior.replicas.desired if prior.replicas is not None else None
-    after = new.replicas.desired if new.replicas is not None else None
-    if after is not None and before != after:
-        events.append(
-            EventIntent("Normal", EVENT_SCALED, f"warm replicas {before or 0} -> {after}")
-        )
-    was_short = _is_true(prior.conditions, c.CAPACITY_SHORT)
-    short = c.find_condition(new.conditions, c.CAPACITY_SHORT)
-    if short is not None and short.status == "True" and not was_short:
-        events.append(EventIntent("Warning", EVENT_CAPACITY_SHORT, short.message))
-    if assessment is not None and assessment.changed_significantly:
-        events.append(
-            EventIntent(
-                "Normal",
-                EVENT_MEASUREMENT_CHANGED,
-                f"KV tokens per replica {assessment.previous_kv_tokens} -> "
-                f"{assessment.kv_tokens} ({assessment.change_ratio:+.0%}) on revision "
-                f"{assessment.revision}",
-            )
-        )
-    cond = c.find_condition(new.conditions, c.DEGRADED)
-    old = c.find_condition(prior.conditions, c.DEGRADED)
-    if (
-        cond is not None
-        and cond.reason == EVENT_REPLICAS_DISAGREE
-        and (old is None or old.reason != EVENT_REPLICAS_DISAGREE)
-    ):
-        events.append(EventIntent("Warning", EVENT_REPLICAS_DISAGREE, cond.message))
-    events += status_events(prior.conditions, new.conditions)
-    metrics = c.find_condition(new.conditions, c.METRICS_UNAVAILABLE)
-    if (
-        metrics is not None
-        and metrics.status == "True"
-        and not _is_true(prior.conditions, c.METRICS_UNAVAILABLE)
-    ):
-        events.append(EventIntent("Warning", EVENT_METRICS_UNAVAILABLE, metrics.message))
-    return events
-
-
-def _is_true(conditions: list[Condition], type_: str) -> bool:
-    cond = c.find_condition(conditions, type_)
-    return cond is not None and cond.status == "True"
-
-
-def build_policy_status(
-    prior: TierPolicyStatus | None,
-    generation: int | None,
-    pools: int,
-    now: str,
-    verdict: Verdict | None = None,
-    waiting_for: Sequence[str] = (),
-) -> TierPolicyStatus:
-    """A TierPolicy's status: whether it is valid, how many pools use it, and - when it
-    is being deleted while in use - which pools its deletion waits for.
-
-    >>> build_policy_status(None, 1, 2, "t0").conditions[0].message
-    'used by 2 ModelPools'
-    >>> from kvpool.api.validation import Finding
-    >>> bad = Verdict("InvalidSpec", (Finding("spec.tiers", "floors sum over 100"),))
-    >>> build_policy_status(None, 1, 0, "t0", bad).conditions[0].reason
-    'InvalidSpec'
-    """
-    ready: tuple[ConditionStatus, str, str]
-    if verdict is not None and not verdict.valid:
-        ready = (
-            "False",
-            verdict.reason,
-            f"{verdict.message} (not published; the gateway keeps the last valid version "
-            "of this policy, if one was published)",
-        )
-    elif waiting_for:
-        ready = (
-            "True",
-            c.POLICY_IN_USE,
-            f"deletion waits until no ModelPool uses it (finalizer {FINALIZER_IN_USE}): "
-            + ", ".join(sorted(waiting_for)),
-        )
-    else:
-        ready = ("True", c.POLICY_READY, f"used by {pools} ModelPools")
-    conds = c.set_condition(
-        (prior.conditions if prior else []), c.READY, ready[0], ready[1], ready[2], generation, now
-    )
-    return TierPolicyStatus(observed_generation=generation, pools=pools, conditions=conds)
-
-
-@dataclass(frozen=True)
-class KeyLookup:
-    """One API key reference of a TenantBudget and whether the operator holds its digest."""
-
-    secret: str  # Secret name
-    key: str  # key in the Secret
-    resolved: bool  # the labelled Secret exists and has the key
-
-    def describe(self) -> str:
-        return f"key {self.key!r} of Secret {self.secret!r}"
-
-
-def _key_condition(keys: Sequence[KeyLookup]) -> tuple[ConditionStatus, str, str]:
-    """KeyResolved: True while one key at least authenticates the tenant."""
-    found = [k for k in keys if k.resolved]
-    missing = [k for k in keys if not k.resolved]
-    listed = ", ".join(k.describe() for k in missing)
-    if not keys:
-        return "False", c.SECRET_NOT_FOUND, "no API key referenced (its requests get 401)"
-    if not found:
-        return (
-            "False",
-            c.SECRET_NOT_FOUND,
-            f"{listed} not found (Secrets labelled {API_KEY_SECRET_LABEL}): the tenant is "
-            "left out of the admission config (its requests get 401)",
-        )
-    if missing:
-        return (
-            "True",
-            c.SOME_SECRETS_NOT_FOUND,
-            f"{len(found)} of {len(keys)} keys resolved; {listed} not found (Secrets "
-            f"labelled {API_KEY_SECRET_LABEL}): requests with that key get 401",
-        )
-    if len(keys) == 1:
-        return "True", c.SECRET_FOUND, f"{keys[0].describe()} resolved"
-    return (
-        "True",
-        c.SECRET_FOUND,
-        f"{len(keys)} keys resolved, each authenticates the tenant: "
-        + ", ".join(k.describe() for k in keys),
-    )
-
-
-def build_budget_status(
-    prior: TenantBudgetStatus | None,
-    generation: int | None,
-    keys: Sequence[KeyLookup],
-    now: str,
-    verdict: Verdict | None = None,
-) -> TenantBudgetStatus:
-    """A TenantBudget's status: whether its API keys could be read (without one the tenant
-    is not served) and whether the budget is valid (an invalid one is not published).
-
-    >>> s = build_budget_status(None, 1, [KeyLookup("acme-key", "api-key", False)], "t0")
-    >>> [(x.type, x.status, x.reason) for x in s.conditions]
-    [('KeyResolved', 'False', 'SecretKeyNotFound'), ('Ready', 'False', 'SecretKeyNotFound')]
-    """
-    status, reason, message = _key_condition(keys)
-    resolved = status == "True"
-    conds = c.set_condition(
-        (prior.conditions if prior else []),
-        c.KEY_RESOLVED,
-        status,
-        reason,
-        message,
-        generation,
-        now,
-    )
-    if verdict is not None and verdict.reason == c.INVALID_SPEC:
-        status, reason = "False", c.INVALID_SPEC
-        message = f"{verdict.message} (not published: the tenant's requests get 401)"
-    elif verdict is not None and not verdict.valid and resolved:
-        status, reason = "False", verdict.reason
-        message = (
-            f"{verdict.message} (published against the last valid version of the policy, "
-            "if one was published)"
-        )
-    conds = c.set_condition(conds, c.READY, status, reason, message, generation, now)
-    return TenantBudgetStatus(observed_generation=generation, conditions=conds)
-
-
-def status_events(prior: Sequence[Condition], new: Sequence[Condition]) -> list[EventIntent]:
-    """A Warning Event when an object's ``Ready`` enters a blocking reason (InvalidSpec,
-    TierPolicyNotFound, TierPolicyInvalid) or its message changes while there.
-
-    >>> bad = c.set_condition([], c.READY, "False", "InvalidSpec", "spec.a: bad", 1, "t0")
-    >>> [e.reason for e in status_events([], bad)], status_events(bad, bad)
-    (['InvalidSpec'], [])
-    """
-    ready = c.find_condition(new, c.READY)
-    was = c.find_condition(prior, c.READY)
-    if ready is None or ready.reason not in BLOCKING_REASONS:
-        return []
-    if was is not None and (was.reason, was.message) == (ready.reason, ready.message):
-        return []
-    return [EventIntent("Warning", ready.reason, ready.message)]
