@@ -46,7 +46,7 @@ from kvpool.gateway.capacity import CapacityShare, StaticShare
 from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.engine_watcher import EngineWatcher
-from kvpool.gateway.errors import OVERLOADED, SERVER, GatewayError
+from kvpool.gateway.errors import NOT_FOUND, OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.loop_lag import watch_loop_lag
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pipeline import Admission, RequestPipeline
@@ -66,6 +66,30 @@ log = logging.getLogger("kvpool.gateway")
 
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 SETTLE_ON_STOP_SECONDS = 5.0  # how long stop() waits for background settlements
+
+
+# The OpenAI routes the gateway admits. vLLM's server has more (embeddings, responses,
+# tokenize, pooling, score, rerank...): they are refused, since the plans kvpool admits
+# against describe generation (KV tokens held by prompts and outputs until the last token)
+# and an embedding or scoring engine holds no output; a route kvpool does not plan for
+# must not reach an engine around the admission (docs/0004, "Limits and choices").
+SERVED_ROUTES = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models")
+
+
+def route_not_supported(method: str, path: str) -> GatewayError:
+    """The 404 of a route the gateway does not serve, naming the ones it does.
+
+    >>> route_not_supported("POST", "/v1/embeddings").message.split(";")[0]
+    "POST /v1/embeddings is not a route of kvpool's gateway"
+    """
+    return GatewayError(
+        404,
+        "route_not_supported",
+        f"{method} {path} is not a route of kvpool's gateway; it serves "
+        f"{', '.join(SERVED_ROUTES)} (plus /healthz, /readyz); other vLLM routes such as "
+        "/v1/embeddings are not admitted: kvpool plans engine capacity for generation",
+        NOT_FOUND,
+    )
 
 
 class Gateway:
@@ -328,6 +352,8 @@ class Gateway:
             response = exc.response()
         except web.HTTPException as exc:
             error = GatewayError(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+            if exc.status == 404:
+                error = route_not_supported(request.method, request.path)
             if exc.status == 405:
                 error = GatewayError(
                     405, "method_not_allowed", f"{request.method} is not allowed here"
