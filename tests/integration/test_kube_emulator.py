@@ -29,8 +29,8 @@ from tests.builders import (
     standard_tierpolicy_manifest,
     tenantbudget_manifest,
 )
+from tests.support.emulator import kopf_peering_crds
 from tests.support.kube import JSON_PATCH, MERGE_PATCH, KubeApi, load_crds, resource_path
-from tests.support.kube_emulator import kopf_peering_crds
 from tests.support.waiting import wait_until, wait_until_async
 
 CRDS = load_crds()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tests.integration.test_operator import given_policy_tenant_and_pool, mp, pool_builder, status
 from tests.operator_process import OperatorProcess
+from tests.support.emulator import kopf_peering_crds
 from tests.support.kube import KubeApi, resource_path
-from tests.support.kube_emulator import kopf_peering_crds
 from tests.support.waiting import wait_until
 
 

@@ -1,6 +1,6 @@
 """Run the Kubernetes API emulator for a test, and talk to it (HTTP clients, kubectl, kopf).
 
-The emulator (tests/support/kube_emulator.py) serves on a free 127.0.0.1 port from its own
+The emulator (tests/support/emulator/) serves on a free 127.0.0.1 port from its own
 event loop in a background thread, so sync tests, async tests, ``kopf.testing.KopfRunner``
 (another thread) and ``kubectl`` (a subprocess) can all use it at once. Usage::
 
@@ -52,7 +52,7 @@ import aiohttp.web
 import kopf
 import yaml
 
-from tests.support.kube_emulator import KubeEmulator, kopf_peering_crds
+from tests.support.emulator import KubeEmulator, kopf_peering_crds
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
