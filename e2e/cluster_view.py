@@ -194,7 +194,8 @@ def show_plan(say: Say, pool: Mapping[str, Any]) -> None:
     say(
         f"status.plan: {plan.get('replicas')} replica(s) x "
         f"{plan.get('usableKvTokensPerReplica')} usable tokens, "
-        f"{plan.get('liveSequencesPerReplica')} live sequences each; "
+        f"{plan.get('liveSequencesPerReplica')} live p95 sequences and "
+        f"{plan.get('slotsPerReplica')} admission slots each; "
         f"shared {plan.get('sharedTokens')} tokens / {plan.get('sharedSlots')} slots"
     )
     for tier in plan.get("tiers", []):

@@ -131,15 +131,16 @@ def test_a_pool_gets_its_engine_workload_status_and_compiled_config(
         "replicasMeasured": 0,
     }
     assert (
-        st["plan"]["usableKvTokensPerReplica"] == 2700
-        and st["plan"]["liveSequencesPerReplica"] == 9
-    )
+        st["plan"]["usableKvTokensPerReplica"],
+        st["plan"]["liveSequencesPerReplica"],
+        st["plan"]["slotsPerReplica"],
+    ) == (2700, 9, 256)
     assert st["plan"]["tiers"][0] == {
         "name": "interactive",
         "floorTokens": 2700,
-        "floorSlots": 9,
+        "floorSlots": 256,
         "lendableTokens": 2700,
-        "lendableSlots": 9,
+        "lendableSlots": 256,
         "requiredReplicas": 2,
         "capacityShort": False,
     }
@@ -157,7 +158,7 @@ def test_a_pool_gets_its_engine_workload_status_and_compiled_config(
         "chat",
         2,
         5400,
-        18,
+        512,
     )
     assert pool["tiers"]["interactive"]["floorTokens"] == 2700
     assert config["tenants"][0]["keySha256"] == hashlib.sha256(API_KEY.encode()).hexdigest()

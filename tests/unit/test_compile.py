@@ -66,7 +66,7 @@ def test_pool_plan_numbers_pass_through_unchanged() -> None:
     assert (pool.replicas, pool.tokens_per_replica, pool.slots_per_replica) == (
         plan.replicas,
         plan.usable_kv_tokens_per_replica,
-        plan.live_sequences_per_replica,
+        plan.slots_per_replica,
     )
     assert (pool.total_tokens, pool.shared_tokens, pool.shared_slots) == (
         plan.total_tokens,

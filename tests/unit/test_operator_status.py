@@ -302,7 +302,8 @@ def test_floor_too_small_message_names_the_tier() -> None:
     status = build_pool_status(None, obs, None)
     cond = c.find_condition(status.conditions, c.FLOOR_TOO_SMALL)
     assert cond is not None and "'eval'" in cond.message and "one p95 request" in cond.message
-    assert status.plan is not None and status.plan.tiers[2].floor_slots == 1
+    assert status.plan is not None
+    assert (status.plan.tiers[2].floor_tokens, status.plan.tiers[2].floor_slots) == (300, 25)
 
 
 def test_failed_plan_keeps_the_last_plan() -> None:

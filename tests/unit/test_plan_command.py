@@ -26,11 +26,12 @@ def test_report_of_the_worked_example() -> None:
     assert report["formatVersion"] == 1
     assert entry["ok"] is True
     assert (entry["replicas"], entry["kvSource"]) == (3, "Override")
-    assert (entry["sharedTokens"], entry["sharedSlots"]) == (54_000, 18)
+    assert (entry["liveSequencesPerReplica"], entry["slotsPerReplica"]) == (58, 256)
+    assert (entry["sharedTokens"], entry["sharedSlots"]) == (54_000, 78)
     assert [(t["name"], t["floorTokens"], t["floorSlots"]) for t in entry["tiers"]] == [
-        ("interactive", 270_000, 87),
-        ("batch", 162_000, 52),
-        ("eval", 54_000, 17),
+        ("interactive", 270_000, 384),
+        ("batch", 162_000, 230),
+        ("eval", 54_000, 76),
     ]
 
 
@@ -56,7 +57,9 @@ def test_table_shows_floors_shared_and_warnings() -> None:
     assert "180,000" in table  # usable tokens per replica, thousands separated
     lines = table.splitlines()
     interactive = next(line for line in lines if line.strip().startswith("interactive"))
-    assert interactive.split()[:4] == ["interactive", "50", "180,000", "58"]
+    assert interactive.split()[:4] == ["interactive", "50", "180,000", "256"]
+    assert "live p95 sequences/replica 58 (sizing)" in table
+    assert "admission slots/replica 256 (maxNumSeqs)" in table
     assert any(line.strip().startswith("(shared)") for line in lines)
     assert any("capacity short for tier 'interactive'" in line for line in lines)
 

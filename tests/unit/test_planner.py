@@ -36,20 +36,21 @@ def test_worked_example_from_docs() -> None:
     assert isinstance(plan, PoolPlan)
     assert plan.kv_source == "Measured"
     assert plan.usable_tokens_per_replica == 180_000
-    assert plan.live_sequences_per_replica == 58
+    assert plan.live_sequences_per_replica == 58  # sizes the replicas
+    assert plan.slots_per_replica == 256  # admission: the engine's running batch
     assert [t.required_replicas for t in plan.tiers] == [3, 3, 2]
     assert plan.replicas == 3
-    assert (plan.total_tokens, plan.total_slots) == (540_000, 174)
+    assert (plan.total_tokens, plan.total_slots) == (540_000, 768)
     rows = [
         (t.name, t.floor_tokens, t.floor_slots, t.lendable_tokens, t.lendable_slots)
         for t in plan.tiers
     ]
     assert rows == [
-        ("interactive", 270_000, 87, 270_000, 87),
-        ("batch", 162_000, 52, 81_000, 26),
-        ("eval", 54_000, 17, 54_000, 17),
+        ("interactive", 270_000, 384, 270_000, 384),
+        ("batch", 162_000, 230, 81_000, 115),
+        ("eval", 54_000, 76, 54_000, 76),
     ]
-    assert (plan.shared_tokens, plan.shared_slots) == (54_000, 18)
+    assert (plan.shared_tokens, plan.shared_slots) == (54_000, 78)
     assert plan.warnings == ()
     assert not plan.capacity_short
 
@@ -279,7 +280,7 @@ def test_status_carries_every_tier_in_policy_order() -> None:
 
     assert [t.name for t in status.tiers] == ["interactive", "batch", "eval"]
     assert status.to_wire()["tiers"][0]["floorTokens"] == 270_000
-    assert status.shared_slots == 18
+    assert (status.shared_slots, status.slots_per_replica) == (78, 256)
 
 
 @given(

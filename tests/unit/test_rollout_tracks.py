@@ -230,7 +230,8 @@ def test_a_canary_without_a_plan_compiles_with_weight_zero() -> None:
 
 
 def test_canary_plan_is_its_measured_kv_over_its_replicas() -> None:
-    """1,024 measured tokens -> 921 usable -> 3 sequences of 300; floors over 1 replica."""
+    """1,024 measured tokens -> 921 usable -> 3 sequences of 300 (sizing); floors over 1
+    replica, the slots a share of its maxNumSeqs (256)."""
     pool = (
         modelpool_manifest().lengths((100, 200), (50, 100)).engine(maxModelLen=512).replicas(1, 2)
     )
@@ -241,5 +242,5 @@ def test_canary_plan_is_its_measured_kv_over_its_replicas() -> None:
         planned.track.live_sequences_per_replica,
     ) == (921, 3)
     interactive = planned.track.tiers[0]
-    assert (interactive.floor_tokens, interactive.floor_slots) == (460, 1)
+    assert (interactive.floor_tokens, interactive.floor_slots) == (460, 128)
     assert getattr(planned.full, "replicas", None) == 1

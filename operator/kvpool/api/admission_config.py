@@ -133,7 +133,9 @@ class CompiledPool(_Compiled):
     tokenizer_path: str | None = None
     replicas: int = Field(description="Warm replicas planned.")
     tokens_per_replica: int = Field(description="Usable KV tokens per replica.")
-    slots_per_replica: int = Field(description="Live sequences per replica (L).")
+    slots_per_replica: int = Field(
+        description="Admission slots per replica: the engine's maxNumSeqs (its running batch)."
+    )
     total_tokens: int
     total_slots: int
     shared_tokens: int

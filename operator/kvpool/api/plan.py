@@ -33,9 +33,19 @@ class PlanStatus(ApiModel):
 
     replicas: int = Field(description="Warm replicas.")
     usable_kv_tokens_per_replica: int = Field(description="KV tokens per replica after target.")
-    live_sequences_per_replica: int = Field(description="Sequences one replica holds at p95.")
+    live_sequences_per_replica: int = Field(
+        description="Sequences of p95 length one replica's KV holds (sizes the replicas)."
+    )
+    slots_per_replica: int | None = Field(
+        default=None,
+        description=(
+            "Admission slots per replica: the engine's maxNumSeqs, its running batch (the "
+            "slot floors are shares of it). Absent in plans made before it existed: "
+            "liveSequencesPerReplica then."
+        ),
+    )
     total_tokens: int = Field(description="Usable KV tokens across the warm replicas.")
-    total_slots: int = Field(description="Sequences across the warm replicas.")
+    total_slots: int = Field(description="Admission slots across the warm replicas.")
     shared_tokens: int = Field(description="Tokens reserved to no tier (go by priority).")
     shared_slots: int = Field(description="Slots reserved to no tier (go by priority).")
     tiers: list[TierPlanStatus] = Field(default_factory=list, description="Per tier.")

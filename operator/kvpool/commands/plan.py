@@ -135,6 +135,7 @@ POOL_FIGURES = (
     "kvSource",
     "usableTokensPerReplica",
     "liveSequencesPerReplica",
+    "slotsPerReplica",
     "totalTokens",
     "totalSlots",
     "sharedTokens",
@@ -166,6 +167,7 @@ def _pool_entry(
         "kvSource": "Override" if overridden else result.kv_source,
         "usableTokensPerReplica": result.usable_tokens_per_replica,
         "liveSequencesPerReplica": result.live_sequences_per_replica,
+        "slotsPerReplica": result.slots_per_replica,
         "totalTokens": result.total_tokens,
         "totalSlots": result.total_slots,
         "sharedTokens": result.shared_tokens,
@@ -225,8 +227,9 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(
             f"  warm replicas {pool['replicas']}   KV tokens/replica "
             f"{pool['kvTokensPerReplica']:,} ({pool['kvSource'].lower()}), usable "
-            f"{pool['usableTokensPerReplica']:,}   live sequences/replica "
-            f"{pool['liveSequencesPerReplica']}"
+            f"{pool['usableTokensPerReplica']:,}   live p95 sequences/replica "
+            f"{pool['liveSequencesPerReplica']} (sizing)   admission slots/replica "
+            f"{pool['slotsPerReplica']} (maxNumSeqs)"
         )
         lines.append(f"  pool total {pool['totalTokens']:,} tokens, {pool['totalSlots']:,} slots")
         rows = [[_cell(tier[key]) for _, key, _ in _COLUMNS] for tier in pool["tiers"]]

@@ -82,12 +82,18 @@ class PoolInput:
     canary: CanaryInput | None = None  # the canary track while a rollout runs
 
 
+def plan_slots_per_replica(plan: PlanStatus) -> int:
+    """A plan's admission slots per replica (a plan made before the field existed had its
+    live sequences there)."""
+    return plan.slots_per_replica or plan.live_sequences_per_replica
+
+
 def build_track_plan(plan: PlanStatus) -> TrackPlan:
     """A plan as a track's own plan in the compiled config."""
     return TrackPlan(
         replicas=plan.replicas,
         tokens_per_replica=plan.usable_kv_tokens_per_replica,
-        slots_per_replica=plan.live_sequences_per_replica,
+        slots_per_replica=plan_slots_per_replica(plan),
         total_tokens=plan.total_tokens,
         total_slots=plan.total_slots,
         shared_tokens=plan.shared_tokens,
@@ -261,7 +267,7 @@ def build_compiled_pool(item: PoolInput, policy: TierPolicy | None = None) -> Co
         tokenizer_path=spec.model.tokenizer_path,
         replicas=plan.replicas if plan else 0,
         tokens_per_replica=plan.usable_kv_tokens_per_replica if plan else 0,
-        slots_per_replica=plan.live_sequences_per_replica if plan else 0,
+        slots_per_replica=plan_slots_per_replica(plan) if plan else 0,
         total_tokens=plan.total_tokens if plan else 0,
         total_slots=plan.total_slots if plan else 0,
         shared_tokens=plan.shared_tokens if plan else 0,

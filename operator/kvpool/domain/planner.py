@@ -8,11 +8,20 @@ with a worked example in docs/0001-capacity-planning.md; in short:
 
 - usable tokens per replica  U = floor(kv_tokens_per_replica * kvUtilizationTarget / 100)
 - live sequences per replica L = min(maxNumSeqs, floor(U / (prompt.p95 + output.p95)))
+- admission slots per replica S = maxNumSeqs (the engine's running batch)
 - replicas R = clamp(max over tiers with a peak of
                      ceil(peak * (100 + headroom) / 100 / (L * floor% / 100)),
                      minReplicas, maxReplicas)
-- per tier: floor tokens = floor(R * U * floor% / 100), floor slots = floor(R * L * floor% / 100),
+- per tier: floor tokens = floor(R * U * floor% / 100), floor slots = floor(R * S * floor% / 100),
   lendable = floor(floor * lend% / 100); shared = total - sum of floors.
+
+**Slots are the engine's running batch; KV tokens carry the length mix.** ``L`` - how many
+sequences of p95 length one replica's KV holds - sizes the replicas for a peak of
+concurrent p95 sequences. It is not how many requests may run: an engine runs
+``maxNumSeqs`` sequences, and shorter ones fit in the KV tokens many at a time. Admission
+slots of ``L`` gave an engine that runs 8 sequences 2 or 3 places at a long-prompt mix: a
+chat queued in the gateway for a slot while the engine had places and KV for it
+(docs/0007-benchmarks.md).
 
 Worked example (docs/0001): kv 200,000 tokens, target 90 -> U 180,000; p95 2,048 + 1,024
 -> L = min(256, 58) = 58; interactive floor 50% with peak 60 and headroom 20% ->
@@ -76,9 +85,10 @@ class PoolPlan:
     kv_tokens_per_replica: int  # the capacity figure planned with
     kv_source: CapacitySource  # where that figure came from
     usable_tokens_per_replica: int  # U, after the utilisation target
-    live_sequences_per_replica: int  # L, sequences of p95 length one replica holds
+    live_sequences_per_replica: int  # L, sequences of p95 length one replica holds (sizing)
+    slots_per_replica: int  # S, admission slots: the engine's running batch (maxNumSeqs)
     total_tokens: int  # R * U
-    total_slots: int  # R * L
+    total_slots: int  # R * S
     tiers: tuple[TierAllocationPlan, ...]  # in policy order, highest priority first
     shared_tokens: int  # tokens no tier reserves; go to waiting requests by priority
     shared_slots: int  # slots no tier reserves
@@ -103,6 +113,7 @@ class PoolPlan:
             replicas=self.replicas,
             usable_kv_tokens_per_replica=self.usable_tokens_per_replica,
             live_sequences_per_replica=self.live_sequences_per_replica,
+            slots_per_replica=self.slots_per_replica,
             total_tokens=self.total_tokens,
             total_slots=self.total_slots,
             shared_tokens=self.shared_tokens,
@@ -200,7 +211,8 @@ def plan_pool(
     wanted = max(required.values(), default=capacity.min_replicas)
     replicas = min(max(wanted, capacity.min_replicas), capacity.max_replicas)
 
-    total_tokens, total_slots = replicas * usable, replicas * live
+    slots = spec.engine.max_num_seqs
+    total_tokens, total_slots = replicas * usable, replicas * slots
     floors_t, floors_s, small, warnings = plan_floors(
         [(t.name, t.floor_percent) for t in tier_policy.spec.tiers],
         total_tokens,
@@ -238,6 +250,7 @@ def plan_pool(
         kv_source=source,
         usable_tokens_per_replica=usable,
         live_sequences_per_replica=live,
+        slots_per_replica=slots,
         total_tokens=total_tokens,
         total_slots=total_slots,
         tiers=tuple(allocations),

@@ -8,9 +8,10 @@ canary replicas. The same planner (docs/0001) also says how many replicas the ne
 revision would need as the whole pool (``replicas_after_promotion``, capacity-short when
 ``maxReplicas`` cannot cover it), so the cost of promoting is visible before promoting.
 
-Worked example (policy interactive 50% / batch 30%, p95 sequence 300 tokens, target 90%):
-canary measured 1,024 tokens -> 921 usable -> 3 live sequences; on 1 canary replica the
-interactive floor is 460 tokens and 1 slot, batch 276 tokens and 0 slots.
+Worked example (policy interactive 50% / batch 30%, p95 sequence 300 tokens, target 90%,
+maxNumSeqs 8): canary measured 1,024 tokens -> 921 usable -> 3 live sequences; on 1 canary
+replica of 8 slots the interactive floor is 460 tokens and 4 slots, batch 276 tokens and
+2 slots.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ class CanaryPlan:
 def scale_plan(plan: PoolPlan, policy: TierPolicy, replicas: int) -> PlanStatus:
     """``plan``'s per-replica figures over ``replicas`` replicas (same formulas, docs/0001).
 
-    >>> # 921 usable tokens, 3 sequences a replica, 1 replica, interactive 50%:
-    >>> # floorTokens 460, floorSlots 1 (see tests/unit/test_rollout_track_plan.py)
+    >>> # 921 usable tokens, 8 slots a replica, 1 replica, interactive 50%:
+    >>> # floorTokens 460, floorSlots 4 (see tests/unit/test_rollout_tracks.py)
     """
     usable, live = plan.usable_tokens_per_replica, plan.live_sequences_per_replica
+    slots = plan.slots_per_replica
     lend = {t.name: t.lend_percent for t in policy.spec.tiers}
     tiers = []
     for tier in plan.tiers:
         floor_tokens = replicas * usable * tier.floor_percent // 100
-        floor_slots = replicas * live * tier.floor_percent // 100
+        floor_slots = replicas * slots * tier.floor_percent // 100
         share = lend.get(tier.name, 0)
         tiers.append(
             TierPlanStatus(
@@ -53,11 +55,12 @@ def scale_plan(plan: PoolPlan, policy: TierPolicy, replicas: int) -> PlanStatus:
                 lendable_slots=floor_slots * share // 100,
             )
         )
-    total_tokens, total_slots = replicas * usable, replicas * live
+    total_tokens, total_slots = replicas * usable, replicas * slots
     return PlanStatus(
         replicas=replicas,
         usable_kv_tokens_per_replica=usable,
         live_sequences_per_replica=live,
+        slots_per_replica=slots,
         total_tokens=total_tokens,
         total_slots=total_slots,
         shared_tokens=total_tokens - sum(t.floor_tokens for t in tiers),
