@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvpool.api.common import API_VERSION, GROUP, VERSION
 from kvpool.api.crd import (
     CRD_KINDS,
     CrdKind,
@@ -322,3 +323,7 @@ def test_a_union_no_structural_schema_can_express_is_refused() -> None:
 
     with pytest.raises(ValueError, match="a union a structural schema cannot express"):
         build_structural_schema(raw, raw.get("$defs", {}))
+
+
+def test_the_api_version_is_group_slash_version() -> None:
+    assert f"{GROUP}/{VERSION}" == API_VERSION, (API_VERSION, GROUP, VERSION)

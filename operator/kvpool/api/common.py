@@ -18,7 +18,11 @@ from pydantic.alias_generators import to_camel
 
 GROUP = "kvpool.dev"
 VERSION = "v1alpha1"
-API_VERSION: Final = "kvpool.dev/v1alpha1"
+# the apiVersion of every kvpool object, as a type for the models' apiVersion field:
+# GROUP/VERSION, spelled out because a Literal takes no expression
+# (tests/unit/test_crds.py checks that API_VERSION == f"{GROUP}/{VERSION}")
+ApiVersion = Literal["kvpool.dev/v1alpha1"]
+API_VERSION: Final[ApiVersion] = "kvpool.dev/v1alpha1"
 CATEGORY = "kvpool"
 
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"

@@ -18,6 +18,7 @@ from pydantic import Field
 from kvpool.api.common import (
     API_VERSION,
     ApiModel,
+    ApiVersion,
     Condition,
     DnsLabel,
     LocalObjectReference,
@@ -320,9 +321,7 @@ class ModelPoolStatus(ApiModel):
 class ModelPool(ApiModel):
     """A pool of warm vLLM replicas of one model (kvpool.dev/v1alpha1 ModelPool)."""
 
-    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="kvpool.dev/v1alpha1"
-    )
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
     kind: Literal["ModelPool"] = Field(default="ModelPool", description="ModelPool")
     metadata: ObjectMeta
     spec: ModelPoolSpec

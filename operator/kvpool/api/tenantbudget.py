@@ -18,6 +18,7 @@ from pydantic import Field
 from kvpool.api.common import (
     API_VERSION,
     ApiModel,
+    ApiVersion,
     Condition,
     DnsLabel,
     LocalObjectReference,
@@ -178,9 +179,7 @@ class TenantBudgetStatus(ApiModel):
 class TenantBudget(ApiModel):
     """A tenant's budgets (kvpool.dev/v1alpha1 TenantBudget)."""
 
-    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="kvpool.dev/v1alpha1"
-    )
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
     kind: Literal["TenantBudget"] = Field(default="TenantBudget", description="TenantBudget")
     metadata: ObjectMeta
     spec: TenantBudgetSpec

@@ -15,6 +15,7 @@ from pydantic import Field
 from kvpool.api.common import (
     API_VERSION,
     ApiModel,
+    ApiVersion,
     Condition,
     DnsLabel,
     Duration,
@@ -173,9 +174,7 @@ class TierPolicyStatus(ApiModel):
 class TierPolicy(ApiModel):
     """A namespace's priority tiers (kvpool.dev/v1alpha1 TierPolicy)."""
 
-    api_version: Literal["kvpool.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="kvpool.dev/v1alpha1"
-    )
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
     kind: Literal["TierPolicy"] = Field(default="TierPolicy", description="TierPolicy")
     metadata: ObjectMeta
     spec: TierPolicySpec

@@ -244,16 +244,7 @@ def build_tracks(item: PoolInput) -> list[Track]:
 def build_compiled_pool(item: PoolInput, policy: TierPolicy | None = None) -> CompiledPool:
     """A pool with its plan; no plan means ``planOk: false`` (the gateway admits nothing)."""
     spec = item.pool.spec
-    plan = item.plan
-    tiers = {
-        t.name: TierAllocation(
-            floor_tokens=t.floor_tokens,
-            floor_slots=t.floor_slots,
-            lendable_tokens=t.lendable_tokens,
-            lendable_slots=t.lendable_slots,
-        )
-        for t in (plan.tiers if plan is not None else [])
-    }
+    plan = build_track_plan(item.plan) if item.plan is not None else None
     return CompiledPool(
         name=item.pool.metadata.name,
         served_name=spec.model.served_name,
@@ -266,13 +257,13 @@ def build_compiled_pool(item: PoolInput, policy: TierPolicy | None = None) -> Co
         output_tokens_p95=spec.workload.output_tokens.p95,
         tokenizer_path=spec.model.tokenizer_path,
         replicas=plan.replicas if plan else 0,
-        tokens_per_replica=plan.usable_kv_tokens_per_replica if plan else 0,
-        slots_per_replica=plan_slots_per_replica(plan) if plan else 0,
+        tokens_per_replica=plan.tokens_per_replica if plan else 0,
+        slots_per_replica=plan.slots_per_replica if plan else 0,
         total_tokens=plan.total_tokens if plan else 0,
         total_slots=plan.total_slots if plan else 0,
         shared_tokens=plan.shared_tokens if plan else 0,
         shared_slots=plan.shared_slots if plan else 0,
-        tiers=tiers,
+        tiers=plan.tiers if plan else {},
         canary_tiers=build_canary_tiers(item, policy),
         tracks=build_tracks(item),
         plan_ok=plan is not None,
