@@ -343,12 +343,60 @@ def start_engine(
     return VllmEngine(config, log_path=workdir / f"vllm3-{policy}.log").start()
 
 
+def scenario_plan(
+    engines: dict[str, VllmEngine], targets: list[float | None]
+) -> list[tuple[str, Any]]:
+    """(name, how) of every scenario: ("direct", engine, chat_only, priorities) or
+    ("gateway", engine, ttft_target, chat_only)."""
+    prio = engines["priority"]
+    plan: list[tuple[str, Any]] = [
+        ("chat-alone", ("direct", prio, True, True)),
+        ("chat-alone-kvpool", ("gateway", prio, EXAMPLE_TTFT_TARGET, True)),
+        ("priority", ("direct", prio, False, True)),
+        ("fcfs", ("direct", engines["fcfs"], False, False)),
+    ]
+    for target in targets:
+        if target == EXAMPLE_TTFT_TARGET:
+            name = "kvpool"
+        elif target is None:
+            name = "kvpool-no-target"
+        else:
+            name = f"kvpool-ttft-{target * 1000:g}"
+        plan.append((name, ("gateway", prio, target, False)))
+    return plan
+
+
+async def run_through_gateway(
+    name: str, how: Any, args: argparse.Namespace, seconds: float, workdir: Path
+) -> RunTally:
+    """One scenario through a kvpool gateway started for it, with its loop lag."""
+    _, engine, target, chat_only = how
+    config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
+    gateway = GatewayProcess(
+        config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
+    )
+    await asyncio.to_thread(gateway.start)
+    try:
+        tally = await run_scenario(
+            engine, gateway.url, chat_only=chat_only, priorities=False, args=args, seconds=seconds
+        )
+        async with aiohttp.ClientSession() as session:
+            lag = histogram_buckets(
+                await fetch_text(session, gateway.metrics_url),
+                "kvpool_gateway_event_loop_lag_seconds",
+            )
+        tally.loop_lag_samples = lag.get("+Inf", 0.0)
+        tally.loop_lag_over_5ms = lag.get("+Inf", 0.0) - lag.get("0.005", 0.0)
+        return tally
+    finally:
+        await asyncio.to_thread(gateway.stop)
+
+
 async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Every scenario once (seeded), engines and gateways started and stopped here."""
     engines: dict[str, VllmEngine] = {}
     seconds = args.duration / args.rounds
     results: dict[str, Any] = {}
-    targets: list[float | None] = [EXAMPLE_TTFT_TARGET, *args.ttft_sweep]
     try:
         if args.pin:
             os.sched_setaffinity(0, {0})
@@ -358,21 +406,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
             )
         if args.pin:
             pin_process({1})  # the load generator and the gateways: never the engines' core
-        prio = engines["priority"]
-        plan: list[tuple[str, Any]] = [
-            ("chat-alone", ("direct", prio, True, True)),
-            ("priority", ("direct", prio, False, True)),
-            ("fcfs", ("direct", engines["fcfs"], False, False)),
-        ]
-        for target in targets:
-            if target == EXAMPLE_TTFT_TARGET:
-                name = "kvpool"
-            elif target is None:
-                name = "kvpool-no-target"
-            else:
-                name = f"kvpool-ttft-{target * 1000:g}"
-            plan.append((name, ("gateway", prio, target, False)))
-        plan.insert(1, ("chat-alone-kvpool", ("gateway", prio, EXAMPLE_TTFT_TARGET, True)))
+        plan = scenario_plan(engines, [EXAMPLE_TTFT_TARGET, *args.ttft_sweep])
         tallies: dict[str, RunTally] = {name: RunTally() for name, _ in plan}
         order = list(plan)
         shuffle = random.Random(args.seed)
@@ -394,30 +428,7 @@ async def run_three_tiers(args: argparse.Namespace, workdir: Path) -> dict[str, 
                         seconds=seconds,
                     )
                 else:
-                    _, engine, target, chat_only = how
-                    config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
-                    gateway = GatewayProcess(
-                        config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
-                    )
-                    await asyncio.to_thread(gateway.start)
-                    try:
-                        tally = await run_scenario(
-                            engine,
-                            gateway.url,
-                            chat_only=chat_only,
-                            priorities=False,
-                            args=args,
-                            seconds=seconds,
-                        )
-                        async with aiohttp.ClientSession() as session:
-                            lag = histogram_buckets(
-                                await fetch_text(session, gateway.metrics_url),
-                                "kvpool_gateway_event_loop_lag_seconds",
-                            )
-                        tally.loop_lag_samples = lag.get("+Inf", 0.0)
-                        tally.loop_lag_over_5ms = lag.get("+Inf", 0.0) - lag.get("0.005", 0.0)
-                    finally:
-                        await asyncio.to_thread(gateway.stop)
+                    tally = await run_through_gateway(name, how, args, seconds, workdir)
                 tallies[name].merge(tally)
         for name, how in plan:
             row = summarise(tallies[name])

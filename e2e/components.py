@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from tests.support import waiting
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.kube import KubeApi, start_kube_api
 from tests.support.ports import free_port
@@ -32,6 +32,7 @@ from tests.support.processes import ManagedProcess
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 from tests.support.redis_server import RedisServer, redis_binary
 from tests.support.tiny_model import vllm_python
+from tests.support.waiting import StopWaitingError
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "kvpool-demo"  # the namespace of e2e/manifests/*.yaml
@@ -186,21 +187,26 @@ def wait_until(
     process: Watched | None = None,
     interval: float = 0.5,
 ) -> Any:
-    """Poll until ``predicate()`` is truthy and return its value.
+    """Poll until ``predicate()`` is truthy and return its value
+    (:func:`tests.support.waiting.wait_until`).
 
     Fails early, with the component's log tail, if ``process`` exits; on a timeout the
     message also ends with its log tail (the operator's log says why a status is missing).
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def check() -> Any:
         value = predicate()
-        if value:
-            return value
-        if process is not None and not process.running():
-            raise RuntimeError(f"{what}: the process exited\n{process.log_tail()}")
-        time.sleep(interval)
-    tail = f"\nlast log lines:\n{process.log_tail()}" if process is not None else ""
-    raise TimeoutError(f"{what}: not after {timeout:.0f} s{tail}")
+        if not value and process is not None and not process.running():
+            raise StopWaitingError(f"{what}: the process exited\n{process.log_tail()}")
+        return value
+
+    try:
+        return waiting.wait_until(check, timeout, what, interval=interval)
+    except StopWaitingError as exc:
+        raise RuntimeError(str(exc)) from None
+    except waiting.WaitTimeoutError as exc:
+        tail = f"\nlast log lines:\n{process.log_tail()}" if process is not None else ""
+        raise TimeoutError(f"{what}: not after {timeout:.0f} s{tail}") from exc
 
 
 def http_ok(url: str) -> bool:

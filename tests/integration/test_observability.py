@@ -60,14 +60,14 @@ from e2e.cluster_view import (
 from e2e.components import NAMESPACE, POOL, kvpool_command, start_engines
 
 from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
-from tests.operator_process import run_operator
+from tests.operator_process import OperatorProcess, run_operator
 from tests.support.engine import VllmEngine
 from tests.support.kube import KubeApi, KubeApiError
 from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
-from tests.support.prometheus import PrometheusServer, ScrapeTarget
+from tests.support.prometheus import PrometheusFactory, PrometheusServer, ScrapeTarget
 from tests.support.promql import metric_names
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisFactory, RedisServer
 from tests.support.waiting import StopWaitingError, wait_until
 
 EMPTY = AdmissionConfig(namespace=NAMESPACE)  # stands in until the ConfigMap exists
@@ -455,18 +455,79 @@ def kill_engine_mid_request(
         return [status for status, _ in answers]
 
 
+def assert_helm_test_passes(gateway: str, key: str) -> None:
+    """The chart's helm-test script passes against the gateway, and fails on a bad key."""
+    script = helm_test_script()
+    passed = run_helm_test(script, {"GATEWAY_URL": gateway, "MODEL": POOL, "API_KEY": key})
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert " 200 " in passed.stdout
+    assert run_helm_test(script, {"GATEWAY_URL": gateway}).returncode == 0  # readyz + 401
+    wrong = run_helm_test(script, {"GATEWAY_URL": gateway, "MODEL": POOL, "API_KEY": "nope"})
+    assert wrong.returncode == 1 and " 401 " in wrong.stdout
+
+
+def refuse_one_publish(kube: KubeApi, operator: OperatorProcess, budget: str) -> None:
+    """The API server refuses (403) the operator's next ConfigMap write, made for a budget
+    change: the error is counted and the operator publishes again after it."""
+    configmap_patches = kube.emulator["patch", kmock.resource("", "v1", "configmaps")]
+    done = len(configmap_patches)  # kmock counts matching requests from the start
+    configmap_patches[done : done + 1] << 403
+    kube.client.patch(budget, {"spec": {"limits": [{"window": "1m", "tokens": 101}]}})
+    wait_until(
+        lambda: 'kvpool_operator_errors_total{stage="publish"}' in operator.metrics(),
+        30,
+        "the publish error counted",
+    )
+    wait_until(
+        lambda: any(
+            t.tenant == "tight" and [w.tokens for w in t.limits] == [101]
+            for t in (fetch_admission_config(kube) or EMPTY).tenants
+        ),
+        30,
+        "the operator publishing again after the error",
+    )
+
+
+def break_the_config_until_the_gateway_rejects_it(
+    kube: KubeApi, gateway_metrics: str, budget: str
+) -> None:
+    """The admission ConfigMap is broken (the gateway rejects it, keeps the old one). The
+    operator restores fields edited outside kvpool (a JSON patch) within a second, before
+    the gateway's next poll (every 2 s) could see them: the API server refuses those
+    restoring patches until the gateway has rejected the broken config; the next publish
+    (a budget change) then restores it."""
+    holding = threading.Event()
+    holding.set()
+    restoring = kube.emulator[
+        "patch", kmock.resource("", "v1", "configmaps"), json_patch_while(holding)
+    ]
+    restoring << 403
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIGMAP_NAME}"
+    kube.client.patch(path, {"data": {CONFIGMAP_KEY: "{not json"}})  # a merge patch
+    wait_until(
+        lambda: (
+            'config_reloads_total{result="rejected"}' in fetch(f"http://{gateway_metrics}/metrics")
+        ),
+        30,
+        "the gateway rejecting the broken config",
+    )
+    holding.clear()  # the next publish (a budget change) restores it
+    kube.client.patch(budget, {"spec": {"limits": [{"window": "1m", "tokens": 102}]}})
+    wait_until(lambda: config_parses(kube), 30, "the operator restoring the config")
+
+
 def test_every_dashboard_and_alert_expression_returns_data(
-    kube_api: KubeApi, tiny_model: Path, tmp_path: Path
+    kube_api: KubeApi,
+    tiny_model: Path,
+    tmp_path: Path,
+    prometheus_server: PrometheusFactory,
+    redis_server: RedisFactory,
 ) -> None:
     checks = all_checks()
     with contextlib.ExitStack() as stack:
         kube = kube_api
-        redis = RedisServer(tmp_path / "redis")
-        stack.callback(redis.stop)
-        redis.start()
-        prom = PrometheusServer(tmp_path / "prometheus")
-        stack.callback(prom.stop)
-        prom.start()
+        redis = redis_server()
+        prom = prometheus_server()
         operator = stack.enter_context(
             run_operator(kube, tmp_path, prometheus_url=prom.url, interval="1s")
         )
@@ -517,58 +578,16 @@ def test_every_dashboard_and_alert_expression_returns_data(
         assert status == 429, text
 
         # And the chart's helm-test script passes against this gateway (and fails on a bad key)
-        script = helm_test_script()
-        passed = run_helm_test(script, {"GATEWAY_URL": gateway, "MODEL": POOL, "API_KEY": chat_key})
-        assert passed.returncode == 0, passed.stdout + passed.stderr
-        assert " 200 " in passed.stdout
-        assert run_helm_test(script, {"GATEWAY_URL": gateway}).returncode == 0  # readyz + 401
-        wrong = run_helm_test(script, {"GATEWAY_URL": gateway, "MODEL": POOL, "API_KEY": "nope"})
-        assert wrong.returncode == 1 and " 401 " in wrong.stdout
+        assert_helm_test_passes(gateway, chat_key)
 
         # And the API server refuses (403: RBAC) the operator's next write of the admission
-        # ConfigMap, which a budget change makes it publish
-        configmap_patches = kube.emulator["patch", kmock.resource("", "v1", "configmaps")]
-        done = len(configmap_patches)  # kmock counts matching requests from the start
-        configmap_patches[done : done + 1] << 403
+        # ConfigMap, which a budget change makes it publish: counted, then published again
         budget = f"/apis/kvpool.dev/v1alpha1/namespaces/{NAMESPACE}/tenantbudgets/tight"
-        kube.client.patch(budget, {"spec": {"limits": [{"window": "1m", "tokens": 101}]}})
-        wait_until(
-            lambda: 'kvpool_operator_errors_total{stage="publish"}' in operator.metrics(),
-            30,
-            "the publish error counted",
-        )
-        wait_until(
-            lambda: any(
-                t.tenant == "tight" and [w.tokens for w in t.limits] == [101]
-                for t in (fetch_admission_config(kube) or EMPTY).tenants
-            ),
-            30,
-            "the operator publishing again after the error",
-        )
+        refuse_one_publish(kube, operator, budget)
 
-        # And the admission ConfigMap is broken (the gateway rejects it, keeps the old one).
-        # The operator restores fields edited outside kvpool (a JSON patch) within a second,
-        # before the gateway's next poll (every 2 s) could see them: the API server refuses
-        # those restoring patches until the gateway has rejected the broken config.
-        holding = threading.Event()
-        holding.set()
-        restoring = kube.emulator[
-            "patch", kmock.resource("", "v1", "configmaps"), json_patch_while(holding)
-        ]
-        restoring << 403
-        path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIGMAP_NAME}"
-        kube.client.patch(path, {"data": {CONFIGMAP_KEY: "{not json"}})  # a merge patch
-        wait_until(
-            lambda: (
-                'config_reloads_total{result="rejected"}'
-                in fetch(f"http://{gateway_metrics}/metrics")
-            ),
-            30,
-            "the gateway rejecting the broken config",
-        )
-        holding.clear()  # the next publish (a budget change) restores it
-        kube.client.patch(budget, {"spec": {"limits": [{"window": "1m", "tokens": 102}]}})
-        wait_until(lambda: config_parses(kube), 30, "the operator restoring the config")
+        # And the admission ConfigMap is broken: the gateway rejects it (keeping the old
+        # one), then the operator restores it
+        break_the_config_until_the_gateway_rejects_it(kube, gateway_metrics, budget)
 
         # And Redis dies: interactive falls back to the local allowance, batch fails closed
         redis.stop()

@@ -84,9 +84,28 @@ def _event(kw: Mapping[str, Any]) -> tuple[str, str, Any]:
 def build_registry(op: Operator) -> kopf.OperatorRegistry:
     """All handlers of the operator, bound to one :class:`~kvpool.controller.wiring.Operator`."""
     registry = kopf.OperatorRegistry()
-    seen = Fingerprints()
+    _register_lifecycle(registry, op)
+    _register_triggers(registry, op, Fingerprints())
+    return registry
+
+
+def _configure(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="kopf.kvpool.dev"
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.kvpool.dev"
+    )
+    settings.posting.enabled = False  # the operator posts its own, meaningful Events
+    settings.watching.server_timeout = 300
+    settings.watching.label_selectors["apps", "deployments"] = ENGINE_DEPLOYMENT_SELECTOR
+    settings.networking.request_timeout = 30
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, op: Operator) -> None:
+    """Login, start-up (settings, cache, watches, election), cleanup and the probe."""
     state = op.state
-    cfg, cache = state.config, state.cache
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -103,17 +122,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(id="startup", registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix="kopf.kvpool.dev"
-        )
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="kopf.kvpool.dev"
-        )
-        settings.posting.enabled = False  # the operator posts its own, meaningful Events
-        settings.watching.server_timeout = 300
-        settings.watching.label_selectors["apps", "deployments"] = ENGINE_DEPLOYMENT_SELECTOR
-        settings.networking.request_timeout = 30
+        _configure(settings)
         await op.start()
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
@@ -122,7 +131,14 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
 
     @kopf.on.probe(id="metrics", registry=registry)
     def probe(**_: Any) -> dict[str, Any]:
-        return {"prometheus": cfg.prometheus_url, "lastSnapshot": state.snapshots.last_success}
+        prometheus = state.config.prometheus_url
+        return {"prometheus": prometheus, "lastSnapshot": state.snapshots.last_success}
+
+
+def _register_triggers(registry: kopf.OperatorRegistry, op: Operator, seen: Fingerprints) -> None:
+    """The events and the timer that request reconciles and publishes (the module docstring)."""
+    state = op.state
+    cfg, cache = state.config, state.cache
 
     @kopf.on.event(GROUP, VERSION, "modelpools", id="pool_event", registry=registry)
     async def pool_event(**kw: Any) -> None:
@@ -187,5 +203,3 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
         recorded = (counts.canary if canary else counts.ready) if counts is not None else None
         if recorded is not None and recorded != ready and cache.pools.get(ns, {}).get(pool):
             await op.pools.request((ns, pool))  # readiness changed since the last status
-
-    return registry
