@@ -195,3 +195,28 @@ async def test_a_stale_finalizer_write_loses_the_race(client: kube.KubeClient) -
     assert not await kube.set_finalizers(client, kube.CONFIGMAPS, stale, ["x"])
     fresh = await client.get(kube.CONFIGMAPS, "default", "cm")
     assert fresh is not None and await kube.set_finalizers(client, kube.CONFIGMAPS, fresh, ["x"])
+
+
+async def test_a_leader_stops_at_its_renew_deadline_even_when_the_wall_clock_steps_back(
+    kube_api: KubeApi,
+) -> None:
+    """The local renew deadline runs on the monotonic clock: a wall clock stepped back (NTP,
+    a resumed VM) while renewals fail must not keep the old leader acting past it while a
+    standby may take over."""
+    client = kube.KubeClient(kube.KubeConnection(server=kube_api.url), attempts=1)
+    clock = ManualClock(1000.0)
+    elector = LeaderElector(client, "default", "lease", "a", duration=15.0, clock=clock)
+    try:
+        await elector.step()
+        assert elector.leading
+        leases = kmock.resource("coordination.k8s.io", "v1", "leases")
+        kube_api.emulator["patch", leases] << 503  # every renewal fails from now on
+        clock.advance(11.0)  # 11 s since the last renew: past the 10 s renew deadline...
+        clock.step_wall(-30.0)  # ...while the wall clock was stepped back by 30 s
+        await elector.step()
+        assert not elector.leading, (
+            f"still leading {clock.monotonic() - 1000.0:.0f} s after its last renew (renew "
+            f"deadline {elector.renew_deadline:.0f} s), the wall clock stepped back 30 s"
+        )
+    finally:
+        await client.close()

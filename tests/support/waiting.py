@@ -46,7 +46,8 @@ class ManualClock:
     Calling it returns the current time (seconds; any epoch: monotonic or wall clock). It
     is also a :class:`kvpool.controller.clock.Clock`: ``wall()`` and ``monotonic()`` read
     the same time, and ``await sleep(s)`` returns once :meth:`advance` has moved the time
-    ``s`` on. :meth:`step_wall` moves the wall clock alone (NTP stepping it back)."""
+    ``s`` on. :meth:`step_wall` moves the wall clock alone (NTP stepping it back); calling
+    the clock then reads the wall clock, as code handed ``time.time`` would."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
@@ -54,7 +55,7 @@ class ManualClock:
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
-        return self.now
+        return self.wall()
 
     def wall(self) -> float:
         return self.now + self.wall_offset

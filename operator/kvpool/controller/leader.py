@@ -9,7 +9,10 @@ writes the Lease every ``retry`` seconds:
 - a standby acquires the Lease once it is released or expired (``leaseDurationSeconds``
   after its holder's last renew), then requests a reconcile of everything it knows;
 - a leader that cannot renew for ``renew_deadline`` (2/3 of the duration) stops acting
-  before any standby may take over, and tries to acquire again like a standby;
+  before any standby may take over, and tries to acquire again like a standby. That
+  deadline is this process's own and runs on the monotonic clock: a wall clock stepped
+  back while renewals fail must not stretch it (the Lease's times, which other replicas
+  read, are wall-clock times, as in Kubernetes' own leader election);
 - on shutdown the leader releases the Lease (empty holder), so a standby takes over at
   its next retry instead of after the whole duration.
 
@@ -19,13 +22,12 @@ container of the same pod re-acquires its own Lease at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kvpool.adapters import kube
+from kvpool.controller.clock import Clock, SystemClock
 from kvpool.domain.leadership import Acquire, Follow, decide_lease, still_leading
 
 log = logging.getLogger(__name__)
@@ -40,12 +42,12 @@ class LeaderElector:
     name: str
     identity: str
     duration: float = 15.0  # leaseDurationSeconds
-    clock: Callable[[], float] = time.time  # injected in tests
+    clock: Clock = field(default_factory=SystemClock)  # injected in tests
     on_started: Callable[[], Awaitable[None]] | None = None  # called once per acquisition
     on_stopped: Callable[[], None] | None = None  # called when leadership is lost
     leading: bool = field(default=False, init=False)
-    _renewed: float | None = field(default=None, init=False)  # last successful write
-    _acquired: float | None = field(default=None, init=False)
+    _renewed: float | None = field(default=None, init=False)  # last good write (monotonic)
+    _acquired: float | None = field(default=None, init=False)  # wall clock, for the Lease
 
     @property
     def retry(self) -> float:
@@ -58,7 +60,7 @@ class LeaderElector:
 
     async def step(self) -> None:
         """One round: read the Lease, decide, write; update :attr:`leading`."""
-        now = self.clock()
+        now, started = self.clock.wall(), self.clock.monotonic()
         try:
             current = await self.client.get(kube.LEASES, self.namespace, self.name)
             record = kube.lease_record(current)
@@ -74,12 +76,12 @@ class LeaderElector:
                 self.identity, self.duration, now, transitions, self._acquired
             )
             if await kube.write_lease(self.client, self.namespace, self.name, current, spec):
-                self._renewed = now
+                self._renewed = started
                 await self._became(True)
                 return
         except kube.ApiError as exc:
             log.warning("leader election: %s", exc)
-        if not still_leading(self._renewed, self.clock(), self.renew_deadline):
+        if not still_leading(self._renewed, self.clock.monotonic(), self.renew_deadline):
             self._set(False)
 
     async def _became(self, leading: bool) -> None:
@@ -104,7 +106,7 @@ class LeaderElector:
         """Attempt every :attr:`retry` seconds until cancelled."""
         while True:
             await self.step()
-            await asyncio.sleep(self.retry)
+            await self.clock.sleep(self.retry)
 
     async def release(self) -> None:
         """Give the Lease up (on shutdown) so a standby takes over at once."""
@@ -116,7 +118,7 @@ class LeaderElector:
             record = kube.lease_record(current)
             if record is None or record.holder != self.identity:
                 return
-            spec = kube.build_lease_spec("", 1, self.clock(), record.transitions, None)
+            spec = kube.build_lease_spec("", 1, self.clock.wall(), record.transitions, None)
             await kube.write_lease(self.client, self.namespace, self.name, current, spec)
         except kube.ApiError as exc:
             log.warning("leader election: releasing the Lease failed: %s", exc)

@@ -106,6 +106,7 @@ class Operator:
             name=config.lease_name,
             identity=config.identity,
             duration=config.lease_duration,
+            clock=state.clock,
             on_started=self._started_leading,
             on_stopped=lambda: state.metrics.leader.set(0),
         )
