@@ -17,8 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.builders import standard_tierpolicy_manifest, tenantbudget_manifest
+from tests.builders import (
+    apikey_secret_manifest,
+    standard_tierpolicy_manifest,
+    tenantbudget_manifest,
+)
 from tests.integration.test_operator import (
+    API_KEY,
     admission_config,
     condition,
     core,
@@ -168,3 +173,56 @@ def test_a_pool_invalid_from_the_start_gets_no_workload_and_no_config_entry(
         assert "plan" not in st
     assert names(kube_api, "deployments", "apps/v1") == ["chat-stable"]
     assert [p["name"] for p in admission_config(kube_api)["pools"]] == ["chat"]
+
+
+@pytest.mark.parametrize(
+    ("zed_secret", "zed_value"),
+    [("acme-key", None), ("zed-key", API_KEY)],
+    ids=["two-budgets-on-one-secret-key", "two-secrets-with-equal-values"],
+)
+def test_one_api_key_for_two_tenants_serves_neither_and_says_who_else(
+    kube_api: KubeApi, operator: OperatorProcess, zed_secret: str, zed_value: str | None
+) -> None:
+    # Given acme published with its key
+    given_policy_tenant_and_pool(kube_api)
+    wait_until(lambda: [t["tenant"] for t in admission_config(kube_api)["tenants"]] == ["acme"])
+
+    # When zed is added with the same key (the same Secret key, or another Secret with
+    # the same value)
+    if zed_value is not None:
+        kube_api.client.create(
+            core("secrets"), apikey_secret_manifest(zed_secret, "api-key", zed_value)
+        )
+    zed = tenantbudget_manifest("zed").spec(apiKeySecretRef={"name": zed_secret, "key": "api-key"})
+    kube_api.client.create(resource_path(API, "tenantbudgets", "default"), zed.dict())
+
+    # Then neither is published, and each one's Ready condition names the other
+    def ready(name: str) -> tuple[str, str]:
+        return condition(obj(kube_api, "TenantBudget", name)["status"], "Ready")
+
+    wait_until(
+        lambda: ready("acme")[0] == ready("zed")[0] == "False", 30, "both TenantBudgets Ready=False"
+    )
+    tenants = [t["tenant"] for t in admission_config(kube_api)["tenants"]]
+    assert tenants == [], f"published with one key for acme and zed: {tenants}"
+    for name, other in (("acme", "zed"), ("zed", "acme")):
+        found = next(
+            c for c in obj(kube_api, "TenantBudget", name)["status"]["conditions"]
+            if c["type"] == "Ready"
+        )  # fmt: skip
+        assert found["reason"] == "DuplicateApiKey", (name, found)
+        assert f"TenantBudget {other!r}" in found["message"], (name, found["message"])
+
+    # When zed gets its own key, both are served again
+    kube_api.client.create(core("secrets"), apikey_secret_manifest("zed-own", "api-key", "sk-z"))
+    kube_api.client.patch(
+        resource_path(API, "tenantbudgets", "default", "zed"),
+        {"spec": {"apiKeySecretRef": {"name": "zed-own", "key": "api-key"}}},
+    )
+    wait_until(
+        lambda: (
+            sorted(t["tenant"] for t in admission_config(kube_api)["tenants"]) == ["acme", "zed"]
+        ),
+        30,
+        "both tenants published again",
+    )

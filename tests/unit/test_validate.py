@@ -46,8 +46,9 @@ def acme_budget(name: str = "acme") -> Manifest:
 
 
 def acme_secret(name: str = "acme-key") -> Manifest:
-    """The labelled Secret holding ``api-key`` of :func:`acme_budget`."""
-    return apikey_secret_manifest(name, "api-key", "s3cret")
+    """The labelled Secret holding ``api-key`` of :func:`acme_budget` (each Secret its own
+    value: one key identifies one tenant)."""
+    return apikey_secret_manifest(name, "api-key", f"s3cret-{name}")
 
 
 @dataclass
@@ -110,7 +111,7 @@ def test_load_and_validate_returns_typed_objects(tmp_path: Path) -> None:
     assert validated.tenant_budgets[0].spec.tenant == "acme"
     assert (validated.secrets[0].name, dict(validated.secrets[0].values)) == (
         "acme-key",
-        {"api-key": "s3cret"},
+        {"api-key": "s3cret-acme-key"},
     )
 
 
@@ -1002,3 +1003,45 @@ def test_examples_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
         f"note: skipped 1 document kvpool does not check: compose file "
         f"({EXAMPLES / 'compose' / 'compose.yaml'})"
     ]
+
+
+# --- one API key, one tenant ---------------------------------------------------------------------
+
+DUPLICATE_KEY_CASES = [
+    pytest.param(
+        [apikey_secret_manifest("shared", "api-key", "sk-same")],
+        {"alice": ("shared", "api-key"), "zed": ("shared", "api-key")},
+        id="two-budgets-on-one-secret-key",
+    ),
+    pytest.param(
+        [
+            apikey_secret_manifest("alice-key", "api-key", "sk-same"),
+            apikey_secret_manifest("zed-key", "api-key", "sk-same\n"),  # echo's newline
+        ],
+        {"alice": ("alice-key", "api-key"), "zed": ("zed-key", "api-key")},
+        id="two-secrets-with-equal-values",
+    ),
+]
+
+
+@pytest.mark.parametrize(("secrets", "refs"), DUPLICATE_KEY_CASES)
+def test_one_api_key_for_two_tenants_is_refused_naming_the_other(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    secrets: list[dict[str, Any]],
+    refs: dict[str, tuple[str, str]],
+) -> None:
+    budgets = [
+        tenantbudget_manifest(tenant).spec(apiKeySecretRef={"name": name, "key": key}).dict()
+        for tenant, (name, key) in refs.items()
+    ]
+    policy = standard_tierpolicy_manifest().dict()
+    file = write_manifests(tmp_path / "set.yaml", [policy, *budgets, *secrets])
+
+    code, out, err = run_cli(capsys, "validate", "-f", str(file))
+
+    assert code == 1, f"kvpool validate accepted one key for alice and zed: {out} {err}"
+    assert len(out) == 2, out
+    alice, zed = sorted(out)
+    assert "TenantBudget/alice: spec.apiKeySecretRef" in alice and "TenantBudget/zed" in alice
+    assert "TenantBudget/zed: spec.apiKeySecretRef" in zed and "TenantBudget/alice" in zed

@@ -17,7 +17,13 @@ from kvpool.domain.fail_static import keep_last_good
 from kvpool.domain.pool_status import build_blocked_status
 from kvpool.domain.side_statuses import KeyLookup, build_budget_status, build_policy_status
 from kvpool.domain.status_events import status_events
-from kvpool.domain.validity import Checked, Verdict, assess_namespace, first_claims
+from kvpool.domain.validity import (
+    Checked,
+    Verdict,
+    assess_namespace,
+    first_claims,
+    shared_keys,
+)
 from tests.builders import (
     declared_modelpool_manifest,
     standard_admission_config,
@@ -311,3 +317,24 @@ def test_budget_status_invalid_spec_wins_over_a_resolved_key() -> None:
     )
     conds = {x.type: (x.status, x.reason) for x in status.conditions}
     assert conds == {c.KEY_RESOLVED: ("True", c.SECRET_FOUND), c.READY: ("False", "InvalidSpec")}
+
+
+SHARED_KEY_CASES = [
+    pytest.param(
+        {"alice": ["k1"], "zed": ["k1"]},
+        {"alice": ("zed",), "zed": ("alice",)},
+        id="one-key-two-tenants",
+    ),
+    pytest.param(
+        {"alice": ["k1", "k2"], "zed": ["k2"], "bob": ["k1"]},
+        {"alice": ("bob", "zed"), "bob": ("alice",), "zed": ("alice",)},
+        id="a-second-key-shared",
+    ),
+    pytest.param({"alice": ["k1", "k1"], "zed": ["k2"]}, {}, id="one-tenant-twice-the-same-key"),
+    pytest.param({}, {}, id="none"),
+]
+
+
+@pytest.mark.parametrize(("keys", "expected"), SHARED_KEY_CASES)
+def test_shared_keys(keys: dict[str, list[str]], expected: dict[str, tuple[str, ...]]) -> None:
+    assert shared_keys(keys) == expected

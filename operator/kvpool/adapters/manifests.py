@@ -37,6 +37,7 @@ from kvpool.api.validation import (
     validate_documents,
 )
 from kvpool.api.validation.schema import format_path
+from kvpool.domain.api_keys import api_key_digest
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 
@@ -149,7 +150,9 @@ def load_and_validate(paths: Iterable[str], *, require_secrets: bool = False) ->
     """
     paths = list(paths)
     documents, load_problems = fetch_documents(paths)
-    validated = validate_documents(documents, check_builtin=check_builtin)
+    validated = validate_documents(
+        documents, check_builtin=check_builtin, key_digest=api_key_digest
+    )
     problems = [*load_problems, *validated.problems]
     warnings = validated.warnings
     if require_secrets:

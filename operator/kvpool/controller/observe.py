@@ -16,6 +16,7 @@ import pydantic
 from kvpool.adapters import kube
 from kvpool.adapters.prometheus import MetricsSnapshot, PrometheusUnavailable, SnapshotCache
 from kvpool.api.modelpool import LoadStatus, ModelPoolStatus
+from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller.cache import Cache
 from kvpool.controller.clock import Clock, rfc3339
@@ -59,12 +60,23 @@ def checked_objects(
     ]
 
 
+def key_digests(cache: Cache, namespace: str, budget: TenantBudget) -> list[str]:
+    """The digests of a TenantBudget's API keys that the operator holds (resolved keys)."""
+    found = (
+        cache.secrets.get((namespace, ref.name), {}).get(ref.key) for _, ref in budget.key_refs()
+    )
+    return [digest for digest in found if digest is not None]
+
+
 def assess_cached_namespace(cache: Cache, namespace: str) -> NamespaceVerdicts:
-    """The verdict of every ModelPool, TierPolicy and TenantBudget of a namespace."""
+    """The verdict of every ModelPool, TierPolicy and TenantBudget of a namespace (a
+    TenantBudget sharing an API key with another is refused, both of them)."""
+    budgets = checked_objects(cache, cache.budgets, namespace)
     return assess_namespace(
         checked_objects(cache, cache.pools, namespace),
         [cache.checked(b) for b in list(cache.policies.get(namespace, {}).values())],
-        checked_objects(cache, cache.budgets, namespace),
+        budgets,
+        {b.name: key_digests(cache, namespace, b.model) for b in budgets if b.model is not None},
     )
 
 

@@ -32,7 +32,7 @@ from kvpool.controller import apply
 from kvpool.controller.cache import Cache
 from kvpool.controller.clock import rfc3339
 from kvpool.controller.local_mode import StaticEndpoints
-from kvpool.controller.observe import assess_cached_namespace, prior_status
+from kvpool.controller.observe import assess_cached_namespace, key_digests, prior_status
 from kvpool.controller.rollout import build_canary_input, stable_revision_of
 from kvpool.controller.state import OperatorState, PoolKey
 from kvpool.domain import conditions as c
@@ -51,6 +51,10 @@ from kvpool.domain.revision import revision_of
 from kvpool.domain.validity import NamespaceVerdicts
 
 log = logging.getLogger(__name__)
+
+# TenantBudget verdicts that leave the tenant out of the config (the others publish it
+# against the last valid version of its policy)
+UNPUBLISHED = frozenset({c.INVALID_SPEC, c.DUPLICATE_API_KEY})
 
 
 def _pool_input(
@@ -101,17 +105,15 @@ def _pool_inputs(
 
 
 def _tenant_inputs(cache: Cache, namespace: str, verdicts: NamespaceVerdicts) -> list[TenantInput]:
-    """Budgets whose own spec is usable (valid, or waiting for their TierPolicy)."""
+    """Budgets whose own spec is usable (valid, or waiting for their TierPolicy) and whose
+    API key is theirs alone."""
     inputs = []
     for body in list(cache.budgets.get(namespace, {}).values()):
         verdict = verdicts.budgets.get((body.get("metadata") or {}).get("name", ""))
         budget: TenantBudget | None = cache.checked(body).model
-        if verdict is None or verdict.reason == c.INVALID_SPEC or budget is None:
+        if verdict is None or verdict.reason in UNPUBLISHED or budget is None:
             continue
-        digests = tuple(
-            cache.secrets.get((namespace, ref.name), {}).get(ref.key)
-            for _, ref in budget.key_refs()
-        )
+        digests = tuple(key_digests(cache, namespace, budget))
         inputs.append(TenantInput(budget=budget, key_sha256s=digests))
     return inputs
 

@@ -94,6 +94,7 @@ KEY_RESOLVED = "KeyResolved"  # TenantBudget condition type
 SECRET_FOUND = "SecretKeyFound"
 SECRET_NOT_FOUND = "SecretKeyNotFound"
 SOME_SECRETS_NOT_FOUND = "SomeSecretKeysNotFound"  # several keys, not all of them resolved
+DUPLICATE_API_KEY = "DuplicateApiKey"  # another TenantBudget has the same key: neither served
 POLICY_READY = "PolicyReady"
 POLICY_IN_USE = "InUse"  # a deleted TierPolicy waits for the pools that use it
 

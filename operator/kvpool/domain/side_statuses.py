@@ -130,8 +130,8 @@ def build_budget_status(
         generation,
         now,
     )
-    if verdict is not None and verdict.reason == c.INVALID_SPEC:
-        status, reason = "False", c.INVALID_SPEC
+    if verdict is not None and verdict.reason in (c.INVALID_SPEC, c.DUPLICATE_API_KEY):
+        status, reason = "False", verdict.reason
         message = f"{verdict.message} (not published: the tenant's requests get 401)"
     elif verdict is not None and not verdict.valid and resolved:
         status, reason = "False", verdict.reason

@@ -27,7 +27,7 @@ tiers ``interactive, batch`` gets ``Verdict("InvalidSpec", ...)`` whose message 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -61,7 +61,7 @@ class Checked(Generic[M]):
 class Verdict:
     """Whether the operator may use an object, with the reason and the findings if not."""
 
-    reason: str  # Valid, InvalidSpec, TierPolicyNotFound or TierPolicyInvalid
+    reason: str  # Valid, InvalidSpec, TierPolicyNotFound, TierPolicyInvalid, DuplicateApiKey
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -95,6 +95,35 @@ def first_claims(claims: Iterable[tuple[str, str, str]]) -> dict[str, str]:
         if value not in owners or (created, name) < owners[value]:
             owners[value] = (created, name)
     return {value: owner[1] for value, owner in owners.items()}
+
+
+def shared_keys(keys: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:
+    """For each object whose key (any of them) another object has too, the others' names.
+
+    One API key must identify one tenant: unlike a tenant id, where the oldest claim wins,
+    a shared key is refused to every holder (the gateway could not tell them apart).
+
+    >>> shared_keys({"alice": ["k1"], "zed": ["k1", "k2"], "bob": ["k3", "k3"]})
+    {'alice': ('zed',), 'zed': ('alice',)}
+    """
+    holders: dict[str, set[str]] = {}
+    for name, digests in keys.items():
+        for digest in digests:
+            holders.setdefault(digest, set()).add(name)
+    shared: dict[str, set[str]] = {}
+    for names in holders.values():
+        for name in names if len(names) > 1 else ():
+            shared.setdefault(name, set()).update(names - {name})
+    return {name: tuple(sorted(others)) for name, others in sorted(shared.items())}
+
+
+def _shared_key(others: Sequence[str]) -> Verdict:
+    listed = ", ".join(f"TenantBudget {o!r}" for o in others)
+    reason = (
+        f"its API key is also the key of {listed}: one key must identify one tenant (the "
+        "gateway could authenticate it as either), so neither is published"
+    )
+    return Verdict(c.DUPLICATE_API_KEY, (Finding("spec.apiKeySecretRef", reason),))
 
 
 def served_names(pools: Iterable[Checked[ModelPool]]) -> dict[str, str]:
@@ -205,11 +234,24 @@ def assess_namespace(
     pools: Iterable[Checked[ModelPool]],
     policies: Iterable[Checked[TierPolicy]],
     budgets: Iterable[Checked[TenantBudget]],
+    key_digests: Mapping[str, Sequence[str]] | None = None,
 ) -> NamespaceVerdicts:
-    """Every object of a namespace (objects being deleted left out by the caller)."""
+    """Every object of a namespace (objects being deleted left out by the caller).
+
+    ``key_digests`` are each TenantBudget's resolved API key digests, by name: a budget
+    that would be published with a key another such budget has too is refused
+    (``DuplicateApiKey``, naming the others), and so are the others."""
     pools, budgets = list(pools), list(budgets)
     by_name = {p.name: p for p in policies}
     served, tenants = served_names(pools), tenant_ids(budgets)
+    budget_verdicts = {b.name: assess_budget(b, by_name, tenants) for b in budgets}
+    publishable = {
+        name: digests
+        for name, digests in (key_digests or {}).items()
+        if name in budget_verdicts and budget_verdicts[name].reason != c.INVALID_SPEC
+    }
+    for name, others in shared_keys(publishable).items():
+        budget_verdicts[name] = _shared_key(others)
     return NamespaceVerdicts(
         policies={name: assess_policy(p) for name, p in by_name.items()},
         pools={
@@ -220,5 +262,5 @@ def assess_namespace(
             )
             for p in pools
         },
-        budgets={b.name: assess_budget(b, by_name, tenants) for b in budgets},
+        budgets=budget_verdicts,
     )

@@ -40,7 +40,7 @@ from kvpool.api.modelpool import ModelPool
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.api.validation import semantic
-from kvpool.api.validation.references import Located, check_references
+from kvpool.api.validation.references import KeyDigest, Located, check_references
 from kvpool.api.validation.results import (
     DEFAULT_NAMESPACE,
     Document,
@@ -225,9 +225,15 @@ def check_document(
 
 
 def validate_documents(
-    documents: Iterable[Document], check_builtin: BuiltinCheck | None = None
+    documents: Iterable[Document],
+    check_builtin: BuiltinCheck | None = None,
+    key_digest: KeyDigest | None = None,
 ) -> ValidatedSet:
     """Check every document and the references between them; see the module docstring.
+
+    ``key_digest`` is how API keys are compared for "one key, one tenant" (the command
+    passes the gateway's :func:`kvpool.domain.api_keys.api_key_digest`; without it, exact
+    values are compared).
 
     Empty documents (a trailing ``---``) are skipped; problems come in document order,
     then the problems across objects.
@@ -259,7 +265,7 @@ def validate_documents(
             secrets.append(valid)
         elif valid is not None:
             others.append(valid)
-    references = check_references(pools, policies, budgets, secrets, invalid)
+    references = check_references(pools, policies, budgets, secrets, invalid, key_digest)
     return ValidatedSet(
         pools=[p.obj for p in pools],
         tier_policies=[p.obj for p in policies],

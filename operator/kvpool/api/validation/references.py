@@ -28,7 +28,7 @@ with ``tierPolicyRef: {name: tiers}`` and no TierPolicy ``tiers`` in ``default``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -58,6 +58,7 @@ class References:
 
 
 Invalid = frozenset[tuple[str, str, str]] | set[tuple[str, str, str]]  # (kind, ns, name)
+KeyDigest = Callable[[str], str]  # an API key's value -> what the gateway compares
 
 
 def _namespace(obj: ModelPool | TierPolicy | TenantBudget) -> str:
@@ -307,12 +308,46 @@ def check_budgets(
     return References(problems, warnings)
 
 
+def shared_key_problems(
+    budgets: Sequence[Located[TenantBudget]],
+    secrets: Mapping[tuple[str, str], SecretData],
+    key_digest: KeyDigest | None = None,
+) -> list[Problem]:
+    """A problem on every TenantBudget whose API key is another budget's too (in its
+    namespace): the gateway could authenticate the key as either tenant, so neither is
+    served. Two budgets on one Secret key, or two Secrets with the same value, are both
+    caught. Keys are compared by ``key_digest`` (the gateway's digest, so keys that differ
+    only in what it trims count as one); without it, by their exact values."""
+    digest = key_digest or (lambda value: value)
+    users: dict[tuple[str, str], list[tuple[Located[TenantBudget], str, str]]] = {}
+    for item in budgets:
+        namespace = _namespace(item.obj)
+        for path, ref in item.obj.key_refs():
+            secret = secrets.get((namespace, ref.name))
+            value = secret.values.get(ref.key) if secret is not None else None
+            if value is not None:
+                where = f"key {ref.key!r} of Secret {ref.name!r}"
+                users.setdefault((namespace, digest(value)), []).append((item, path, where))
+    problems = []
+    for entries in users.values():
+        names = sorted({item.obj.metadata.name for item, _, _ in entries})
+        for item, path, where in entries if len(names) > 1 else ():
+            others = ", ".join(f"TenantBudget/{n}" for n in names if n != item.obj.metadata.name)
+            reason = (
+                f"the API key ({where}) is also the key of {others}: one key must identify "
+                "one tenant (the gateway would authenticate it as either); neither is served"
+            )
+            problems.append(_problem(item, path, reason))
+    return problems
+
+
 def check_references(
     pools: Sequence[Located[ModelPool]],
     policies: Sequence[Located[TierPolicy]],
     budgets: Sequence[Located[TenantBudget]],
     secrets: Sequence[SecretData],
     invalid: Invalid = frozenset(),
+    key_digest: KeyDigest | None = None,
 ) -> References:
     """Every cross-object problem and warning of a set of valid objects; ``invalid`` names
     the objects of the set that failed their own checks (no problem repeats theirs)."""
@@ -324,6 +359,7 @@ def check_references(
             *_duplicates([*policies, *pools, *budgets]),
             *check_pools(pools, by_key, invalid),
             *budget_refs.problems,
+            *shared_key_problems(budgets, secret_by_key, key_digest),
         ],
         warnings=budget_refs.warnings,
     )
