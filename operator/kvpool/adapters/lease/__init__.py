@@ -1,0 +1,1 @@
+"""Capacity leases in Redis (see :mod:`kvpool.adapters.lease.store`)."""

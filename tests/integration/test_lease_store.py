@@ -1,0 +1,149 @@
+"""The lease script on a real Redis: the same grants as its reference model on random
+inputs, membership that expires by Redis's clock, the warm-up after a restart, and reports
+that come back as they were sent."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
+from kvpool.domain.admission.amount import Amount
+from kvpool.domain.lease import Report, TierDemand, decide_grant
+from kvpool.domain.lease.model import sum_components
+from tests.support.redis_server import RedisFactory, RedisServer
+from tests.support.waiting import wait_until_async
+
+pytestmark = pytest.mark.redis
+
+NAMESPACES = itertools.count()
+COMPONENTS = ["floor.slots.a", "loan.slots.a", "shared.slots", "tenant.x"]
+GROUPS = {
+    "floor.slots.a": (4, ("floor.slots.a", "loan.slots.a")),
+    "shared.slots": (3, ("shared.slots",)),
+    "tenant.x": (2, ("tenant.x",)),
+}
+
+
+@pytest.fixture(scope="module")
+def server(redis_server_module: RedisFactory) -> RedisServer:
+    return redis_server_module()
+
+
+@pytest.fixture
+async def client(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    redis = aioredis.Redis.from_url(server.url)
+    yield redis
+    await redis.aclose()
+
+
+@pytest.fixture
+async def stores() -> AsyncIterator[list[RedisLeaseStore]]:
+    """Stores a test opened; closed at its end, whether it passed or not."""
+    opened: list[RedisLeaseStore] = []
+    yield opened
+    for store in opened:
+        await store.close()
+
+
+def renewal(desired: dict[str, int], held: dict[str, int], report: Report | None = None):
+    return PlanRenewal("pool", "stable", GROUPS, desired, held, report or Report())
+
+
+async def warmed_store(server: RedisServer, client: aioredis.Redis) -> RedisLeaseStore:
+    """A store on a fresh namespace whose Redis has run for a while (no warm-up)."""
+    namespace = f"ns{next(NAMESPACES)}"
+    store = RedisLeaseStore(server.url, namespace, timeout=2.0)
+    now_s, now_us = await client.time()
+    await client.set(f"{store.prefix}:epoch", now_s * 1000 + now_us // 1000 - 60_000)
+    return store
+
+
+counts = st.dictionaries(st.sampled_from(COMPONENTS), st.integers(0, 5), max_size=4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(others=st.lists(counts, max_size=3), desired=counts, held=counts)
+async def test_the_script_grants_what_its_reference_model_grants(
+    server: RedisServer, client: aioredis.Redis, others, desired, held
+) -> None:
+    store = await warmed_store(server, client)
+    try:
+        for i, claim in enumerate(others):  # other members claim what they hold
+            await store.renew(f"other-{i}", [renewal({}, claim)], member_ttl=30)
+        renewed = await store.renew("me", [renewal(desired, held)], member_ttl=30)
+        expected = decide_grant(GROUPS, sum_components(others), desired, held)
+        assert renewed.plans[0].granted == expected.granted
+        assert renewed.plans[0].claim == expected.claim
+        assert renewed.members == len(others) + 1
+        assert not renewed.warming
+    finally:
+        await store.close()
+
+
+async def test_reports_come_back_as_sent(
+    server: RedisServer, client: aioredis.Redis, stores: list[RedisLeaseStore]
+) -> None:
+    store = await warmed_store(server, client)
+    stores.append(store)
+    sent = Report(
+        tiers={"a": TierDemand(now=Amount(120, 1), peak=Amount(400, 3))}, tenants={"x": (1, 2)}
+    )
+    await store.renew("b", [renewal({}, {}, sent)], member_ttl=30)
+    renewed = await store.renew("a", [renewal({}, {})], member_ttl=30)
+    assert renewed.plans[0].reports == {"b": sent, "a": Report()}
+
+
+async def test_a_member_that_stops_renewing_is_forgotten_with_its_claims(
+    server: RedisServer, client: aioredis.Redis, stores: list[RedisLeaseStore]
+) -> None:
+    """Given b claims all of the shared remainder, when b stops renewing (SIGKILL), then
+    after its member TTL (Redis's clock) a is granted it."""
+    store = await warmed_store(server, client)
+    stores.append(store)
+    await store.renew("b", [renewal({}, {"shared.slots": 3})], member_ttl=0.3)
+    first = await store.renew("a", [renewal({"shared.slots": 3}, {})], member_ttl=30)
+    assert first.plans[0].granted == {} and first.members == 2
+
+    async def granted() -> bool:
+        renewed = await store.renew("a", [renewal({"shared.slots": 3}, {})], member_ttl=30)
+        return renewed.plans[0].granted == {"shared.slots": 3} and renewed.members == 1
+
+    await wait_until_async(granted, timeout=5, what="b's claims forgotten after its TTL")
+
+
+async def test_after_a_restart_nobody_grows_for_one_member_ttl(
+    redis_server: RedisFactory, stores: list[RedisLeaseStore]
+) -> None:
+    """Given a restarted (empty) Redis, a replica that arrives first cannot take what the
+    others still admit against: for one member TTL a grant never exceeds what is held."""
+    server = redis_server()
+    store = RedisLeaseStore(server.url, "restart", timeout=2.0)
+    stores.append(store)
+    renewed = await store.renew(
+        "a", [renewal({"shared.slots": 3}, {"shared.slots": 1})], member_ttl=0.5
+    )
+    assert renewed.warming
+    assert renewed.plans[0].granted == {"shared.slots": 1}
+
+    async def grows() -> bool:
+        again = await store.renew("a", [renewal({"shared.slots": 3}, {})], member_ttl=0.5)
+        return not again.warming and again.plans[0].granted == {"shared.slots": 3}
+
+    await wait_until_async(grows, timeout=5, what="the warm-up to end")
+
+
+async def test_redis_down_is_a_store_error(
+    redis_server: RedisFactory, stores: list[RedisLeaseStore]
+) -> None:
+    server = redis_server()
+    store = RedisLeaseStore(server.url, "down", timeout=0.5)
+    stores.append(store)
+    server.kill()
+    with pytest.raises(LeaseStoreError, match="Error"):
+        await store.renew("a", [renewal({}, {})], member_ttl=3)
