@@ -45,7 +45,7 @@ and :meth:`next_deadline` returns the offer's time meanwhile, so an I/O layer th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
@@ -94,8 +94,17 @@ class AdmissionController:
     ``tiers`` are the compiled tiers of the pool's TierPolicy (any order; rank decides).
     """
 
-    def __init__(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
+    def __init__(
+        self,
+        pool: CompiledPool,
+        tiers: Sequence[CompiledTier],
+        *,
+        whole: CompiledPool | None = None,
+    ) -> None:
         self._state = PoolState(pool, tiers)
+        if whole is not None:
+            self._state.apply_plan(pool, tiers, whole)
+        self._open_until: float | None = None  # a lease's end: nothing starts from then on
         self._holds = PrefillHolds()
         self._holds.configure(self._state.order)
         self._lending = LendingGate()
@@ -115,6 +124,8 @@ class AdmissionController:
         return self._lending.borrowed_by_rank
 
     def _dispatch(self, now: float, only: Waiting | None = None) -> list[Admit]:
+        if self._open_until is not None and now >= self._open_until:
+            return []  # the lease this controller admits against ran out
         return self._dispatcher.run(now, only)
 
     # ------------------------------------------------------------------ requests
@@ -262,15 +273,24 @@ class AdmissionController:
 
     # ------------------------------------------------------------------ the plan and signals
 
-    def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier], now: float) -> Wakeups:
-        """Adopt a new plan. In-flight reservations are kept (never revoked); if capacity
-        shrank, nothing is admitted until usage is back under the plan. Queued requests of
-        a removed tier, or that can no longer ever fit, are rejected. A lent limit whose
+    def reconfigure(
+        self,
+        pool: CompiledPool,
+        tiers: Sequence[CompiledTier],
+        now: float,
+        *,
+        whole: CompiledPool | None = None,
+    ) -> Wakeups:
+        """Adopt a new plan (``whole``: the plan ``pool`` is a lease of, if it is one; then
+        "can never fit" is judged in the whole plan). In-flight reservations are kept
+        (never revoked); if capacity shrank, nothing is admitted until usage is back under
+        the plan. Queued requests of a removed tier, or that can no longer ever fit, are
+        rejected. A lent limit whose
         protected tier left, moved or changed its ``ttftP95Target`` is lifted (the limiter
         that set it judged another promise)."""
         state = self._state
         targets = {t.rank: (t.name, t.prefill_hold) for t in state.order if not t.removed}
-        removed = state.apply_plan(pool, tiers)
+        removed = state.apply_plan(pool, tiers, whole)
         self._holds.configure(state.order)
         now_targets = {t.rank: (t.name, t.prefill_hold) for t in state.order if not t.removed}
         for rank in list(self._lending.limits):
@@ -302,6 +322,27 @@ class AdmissionController:
             if tier.used.is_zero and tier.queued_count == 0:
                 state.drop_tier(tier)
         return self._wakeups(self._dispatch(now), rejected)
+
+    def set_admission_until(self, until: float | None, now: float) -> Wakeups:
+        """Start nothing from ``until`` on (None: no end). The I/O layer passes the end of
+        the lease it admits against, so a process that was stopped past its lease starts
+        nothing on it when it resumes, whatever runs first; a renewal moves it on."""
+        was_closed = self._open_until is not None and now >= self._open_until
+        self._open_until = until
+        reopened = was_closed and (until is None or now < until)
+        return self._wakeups(self._dispatch(now) if reopened else [], [])
+
+    def set_tenant_limits(self, limits: Mapping[str, int] | None, now: float) -> Wakeups:
+        """This replica's part of each limited tenant's ``maxConcurrency`` (leased with the
+        other gateway replicas; a limited tenant missing from ``limits`` starts nothing
+        here); None: every request's own ``max_concurrency``."""
+        queue = self._state.waiting
+        if limits == queue.tenant_limits:
+            return self._wakeups([], [])
+        queue.tenant_limits = None if limits is None else dict(limits)
+        for tier in self._state.order:
+            tier.head_valid = False
+        return self._wakeups(self._dispatch(now), [])
 
     def set_borrowing_paused(self, paused: bool, now: float) -> Wakeups:
         """Stop (or resume) starting requests on borrowed capacity; floors are unaffected.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from kvpool.domain.admission.ledger import TierState, Waiting
 
@@ -25,6 +25,10 @@ class FairQueue:
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = 0
         self._inflight = tenant_inflight  # shared with the controller: tenant -> admitted
+        # this gateway replica's part of each limited tenant's maxConcurrency, when several
+        # replicas share it by lease (None: every request's own max_concurrency; a limited
+        # tenant missing from the map may start nothing here until its lease arrives)
+        self.tenant_limits: Mapping[str, int] | None = None
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._waiting
@@ -91,6 +95,8 @@ class FairQueue:
             head = queue[0]
             req = head.request
             limit = req.max_concurrency
+            if limit is not None and self.tenant_limits is not None:
+                limit = self.tenant_limits.get(tenant, 0)
             if limit is not None and inflight.get(tenant, 0) >= limit:
                 continue
             usage = usage_of.get(tenant, 0) / (req.weight if req.weight > 0 else 1)

@@ -118,7 +118,12 @@ def inside_floor(tier: TierState, request: AdmissionRequest) -> bool:
 
 
 def ceiling(state: PoolState, tier: TierState) -> Amount:
-    """The most one request of ``tier`` could ever hold in an otherwise idle pool."""
+    """The most one request of ``tier`` could ever hold in an otherwise idle pool: in the
+    whole plan where this controller admits against a lease of it (a request too large
+    for the lease but not for the pool waits for the lease to grow; it is not refused)."""
+    whole = state.whole
+    if whole is not None and tier.name in whole.tiers:
+        return ceiling(whole, whole.tiers[tier.name])
     others = sum((t.lend for t in state.order if t is not tier), ZERO)
     cap = state.total.min(tier.floor + state.shared + others)
     if state.replicas:

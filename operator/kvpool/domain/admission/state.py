@@ -40,10 +40,18 @@ class PoolState:
         self.total = ZERO  # the plan's tokens and slots
         self.shared = ZERO  # the remainder no tier owns
         self.per_replica = ZERO  # what one replica holds
+        self.whole: PoolState | None = None  # the whole plan, where ``pool`` is a lease of it
         self.apply_plan(pool, tiers)
 
-    def apply_plan(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> list[TierState]:
-        """Install a plan; returns the tier states that left the policy."""
+    def apply_plan(
+        self,
+        pool: CompiledPool,
+        tiers: Sequence[CompiledTier],
+        whole: CompiledPool | None = None,
+    ) -> list[TierState]:
+        """Install a plan (``whole``: the plan ``pool`` is a lease of, if it is one); returns
+        the tier states that left the policy."""
+        self.whole = None if whole is None else PoolState(whole, tiers)
         self.pool = pool
         self.total = Amount(pool.total_tokens, pool.total_slots)
         self.shared = Amount(pool.shared_tokens, pool.shared_slots).clamp0()  # no tier's
