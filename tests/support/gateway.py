@@ -55,6 +55,8 @@ class FakeEngine:
     hold: asyncio.Event | None = None  # when set: no answer starts until the event is set
     health_delays: list[float] = field(default_factory=list)  # /health waits the next of these
     health_answers: int = 0  # /health requests answered so far
+    in_flight: int = 0  # completion requests being answered now
+    max_in_flight: int = 0  # the most at once so far
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -100,6 +102,14 @@ class FakeEngine:
             await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.arrivals.append(asyncio.get_running_loop().time())
         body = await request.json()
         self.received.append(body)

@@ -15,10 +15,16 @@ once, with no new config, keeping the reservations in flight.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.api.admission_config import CompiledPool, CompiledTenant
+from kvpool.api.admission_config import (
+    AdmissionConfig,
+    CompiledPool,
+    CompiledTenant,
+    CompiledTier,
+)
 from kvpool.domain.partition import partition_pool
 from kvpool.gateway.server import Gateway
 from tests.builders import standard_admission_config
@@ -120,7 +126,7 @@ class MovingShare:
 
     percent: int = 100
 
-    def pool_view(self, pool: CompiledPool) -> CompiledPool:
+    def pool_view(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> CompiledPool:
         return partition_pool(pool, self.percent)
 
     def tenant_view(self, tenant: CompiledTenant, pool: str) -> CompiledTenant:
@@ -128,6 +134,18 @@ class MovingShare:
 
     def poll_period(self, seconds: float) -> float:
         return seconds
+
+    def configure(self, config: AdmissionConfig) -> None:
+        return None
+
+    def attach(self, runtimes: Callable[[], Any], refresh: Callable[[str], None]) -> None:
+        return None
+
+    async def run(self) -> None:
+        return None
+
+    def unready_reason(self) -> str | None:
+        return None
 
 
 async def test_a_moved_share_is_applied_at_once_keeping_the_reservations_in_flight(

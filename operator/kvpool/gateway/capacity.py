@@ -20,18 +20,26 @@ replicas together is polled every 0.5 s by this one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvpool.api.admission_config import CompiledPool, CompiledTenant
+from kvpool.api.admission_config import (
+    AdmissionConfig,
+    CompiledPool,
+    CompiledTenant,
+    CompiledTier,
+)
 from kvpool.domain.partition import partition_poll_period, partition_pool, partition_tenant
+from kvpool.gateway.pool_runtime import PoolRuntime
 
 
 class CapacityShare(Protocol):
     """What part of the plans this gateway replica admits against."""
 
-    def pool_view(self, pool: CompiledPool) -> CompiledPool:
-        """The part of ``pool``'s plan (floors, lendable parts, capacity) admitted here."""
+    def pool_view(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> CompiledPool:
+        """The part of ``pool``'s plan (floors, lendable parts, capacity) admitted here
+        (``tiers``: the pool's policy tiers)."""
         ...
 
     def tenant_view(self, tenant: CompiledTenant, pool: str) -> CompiledTenant:
@@ -40,6 +48,24 @@ class CapacityShare(Protocol):
 
     def poll_period(self, seconds: float) -> float:
         """How often this replica polls each engine, when all together poll every ``seconds``."""
+        ...
+
+    def configure(self, config: AdmissionConfig) -> None:
+        """A new config was applied (before the pools are synced)."""
+        ...
+
+    def attach(
+        self, runtimes: Callable[[], dict[str, PoolRuntime]], refresh: Callable[[str], None]
+    ) -> None:
+        """Where the pools' runtimes are, and how to re-apply a pool's share."""
+        ...
+
+    async def run(self) -> None:
+        """Keep the share current until cancelled (returns at once if it never moves)."""
+        ...
+
+    def unready_reason(self) -> str | None:
+        """Why this replica cannot admit anything now (``/readyz``), or None."""
         ...
 
 
@@ -53,7 +79,7 @@ class StaticShare:
         if not 1 <= self.percent <= 100:
             raise ValueError(f"the plan share must be 1-100 percent, got {self.percent}")
 
-    def pool_view(self, pool: CompiledPool) -> CompiledPool:
+    def pool_view(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> CompiledPool:
         return partition_pool(pool, self.percent)
 
     def tenant_view(self, tenant: CompiledTenant, pool: str) -> CompiledTenant:
@@ -61,3 +87,17 @@ class StaticShare:
 
     def poll_period(self, seconds: float) -> float:
         return partition_poll_period(seconds, self.percent)
+
+    def configure(self, config: AdmissionConfig) -> None:
+        return None
+
+    def attach(
+        self, runtimes: Callable[[], dict[str, PoolRuntime]], refresh: Callable[[str], None]
+    ) -> None:
+        return None
+
+    async def run(self) -> None:
+        return None
+
+    def unready_reason(self) -> str | None:
+        return None

@@ -45,6 +45,7 @@ from kvpool.adapters.config_source import (
     FileConfigSource,
     KubeAccess,
 )
+from kvpool.adapters.lease.store import RedisLeaseStore
 from kvpool.adapters.offline_compile import (
     ManifestConfigSource,
     OfflineCompileError,
@@ -52,7 +53,10 @@ from kvpool.adapters.offline_compile import (
     parse_key_file_flags,
 )
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.domain.lease import LeaseClock
+from kvpool.gateway.capacity import CapacityShare, StaticShare
 from kvpool.gateway.http import GatewayRunner
+from kvpool.gateway.leases import LeaseKeeper
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.server import Gateway
 from kvpool.gateway.settings import GatewaySettings
@@ -247,12 +251,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plan-share",
         type=int,
-        default=100,
+        default=None,
         metavar="PERCENT",
         help=(
-            "share of each pool's plan this replica admits against: 100/N when N gateway "
-            "replicas serve the same pools (admission state is per process; default 100)"
+            "a fixed share of each pool's plan for this replica, instead of capacity leases "
+            "(an explicit override: with --redis the replicas lease capacity from each other "
+            "by demand; without --redis the default is 100)"
         ),
+    )
+    parser.add_argument(
+        "--replica-id",
+        default=None,
+        metavar="ID",
+        help="this replica's id among the gateway replicas (default: $POD_NAME or the host "
+        "and pid, with a random suffix)",
+    )
+    parser.add_argument(
+        "--lease-period",
+        type=positive_seconds,
+        default=0.1,
+        help="seconds between capacity lease renewals (default 0.1; a waiting request or "
+        "another replica's nudge renews sooner)",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=positive_seconds,
+        default=3.0,
+        help="seconds after its last renewal a replica's capacity goes back to the others "
+        "(default 3; it stops admitting on its lease half a second before)",
     )
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 1024 * 1024)
     parser.add_argument(
@@ -327,6 +353,7 @@ def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStor
     """The budget store the options ask for."""
     if not args.redis:
         return InMemoryBudgetStore()
+    members = getattr(args, "live_replicas", None)
     policy = FailoverPolicy(
         fail_closed_tiers=frozenset(args.fail_closed_tier),
         local_fraction=args.local_budget_fraction,
@@ -337,7 +364,29 @@ def build_store(args: argparse.Namespace, metrics: GatewayMetrics) -> BudgetStor
         policy,
         on_error=lambda op, exc: metrics.redis_errors.labels(op).inc(),
         on_fallback=lambda tier, result: metrics.budget_fallback.labels(tier, result).inc(),
+        replicas=members,
     )
+
+
+def build_capacity(
+    args: argparse.Namespace, metrics: GatewayMetrics, namespace: str
+) -> CapacityShare:
+    """Capacity leases with the other replicas when Redis is set (unless --plan-share
+    fixes a share), else the whole plan (or the given share)."""
+    if not args.redis or args.plan_share is not None:
+        return StaticShare(args.plan_share if args.plan_share is not None else 100)
+    ttl = args.lease_ttl
+    clock = LeaseClock(
+        period=args.lease_period,
+        lease_ttl=max(ttl - 0.5, ttl * 0.8),
+        member_ttl=ttl,
+        redis_timeout=args.redis_timeout,
+    )
+    store = RedisLeaseStore(args.redis, namespace, timeout=args.redis_timeout)
+    keeper = LeaseKeeper(store, metrics, member=args.replica_id, clock=clock)
+    args.live_replicas = lambda: keeper.members
+    log.info("capacity leases in redis as replica %s", keeper.member)
+    return keeper
 
 
 ConfigSource = FileConfigSource | ConfigMapSource | ManifestConfigSource
@@ -387,14 +436,21 @@ async def serve(args: argparse.Namespace) -> int:
         health_probe_timeout=args.health_probe_timeout,
         set_engine_priority=not args.no_engine_priority,
         access_log=not args.no_access_log,
-        plan_share_percent=args.plan_share,
+        plan_share_percent=args.plan_share or 100,
         body_timeout=args.body_timeout,
         metrics_on_api_port=args.metrics_on_api_port,
         learn_reservations=not args.no_learn_reservations,
         engine_poll_seconds=args.engine_poll_seconds,
         borrow_pause_usage=args.borrow_pause_usage,
     )
-    gateway = Gateway(config, build_store(args, metrics), settings=settings, metrics=metrics)
+    capacity = build_capacity(args, metrics, config.namespace)
+    gateway = Gateway(
+        config,
+        build_store(args, metrics),
+        settings=settings,
+        metrics=metrics,
+        capacity=capacity,
+    )
     runner = GatewayRunner(
         gateway.app(),
         handler_cancellation=True,
@@ -508,7 +564,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(message)s" if args.log_level.upper() != "DEBUG" else "%(name)s %(message)s",
         stream=sys.stderr,
     )
-    if not 1 <= args.plan_share <= 100:
+    if args.plan_share is not None and not 1 <= args.plan_share <= 100:
         print("kvpool gateway: --plan-share must be 1-100 (percent)", file=sys.stderr)
         return 2
     problem = _manifest_flags(args)

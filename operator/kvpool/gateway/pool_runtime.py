@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
 from kvpool.domain.admission import (
@@ -50,11 +50,17 @@ class PoolRuntime:
         pool: CompiledPool,
         tiers: Sequence[CompiledTier],
         metrics: GatewayMetrics,
+        *,
+        whole: CompiledPool | None = None,
     ) -> None:
+        """``whole``: the compiled pool when ``pool`` is this replica's share of it (a
+        request too large for the share but not for the pool then waits, see
+        :meth:`AdmissionController.reconfigure`)."""
         self.pool = pool
         self.controllers: dict[str, AdmissionController] = {}
         self._reserved: dict[str, str] = {}  # reservation id -> track
-        self._build_controllers(pool, tiers)
+        self.on_queued: Callable[[], None] | None = None  # a request had to wait here
+        self._build_controllers(pool, tiers, whole)
         self.metrics = metrics
         self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
         self._expiry: asyncio.TimerHandle | None = None
@@ -76,11 +82,18 @@ class PoolRuntime:
             return build_track_pool(pool, STABLE) or pool.model_copy(update={"tracks": []})
         return build_track_pool(pool, track)
 
-    def _build_controllers(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
+    def _whole_view(self, whole: CompiledPool | None, track: str) -> CompiledPool | None:
+        return None if whole is None else self._track_pool(whole, track)
+
+    def _build_controllers(
+        self, pool: CompiledPool, tiers: Sequence[CompiledTier], whole: CompiledPool | None
+    ) -> None:
         for track in [STABLE, *(t.name for t in pool.tracks if t.name != STABLE)]:
             view = self._track_pool(pool, track)
             if view is not None:
-                self.controllers[track] = AdmissionController(view, tiers)
+                self.controllers[track] = AdmissionController(
+                    view, tiers, whole=self._whole_view(whole, track)
+                )
 
     def _controller_for(self, request: AdmissionRequest) -> tuple[str, AdmissionRequest]:
         track = request.track or STABLE
@@ -112,6 +125,8 @@ class PoolRuntime:
             self._schedule_expiry()
             return verdict
         self.metrics.decisions.labels(self.pool.name, request.tier, "queued").inc()
+        if self.on_queued is not None:
+            self.on_queued()
         future: asyncio.Future[Admit | Reject] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._schedule_expiry()
@@ -148,8 +163,15 @@ class PoolRuntime:
         controller = self.controllers.get(track) or self.controller
         self._apply(controller.first_token(reservation_id, self.now()), track)
 
-    def reconfigure(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> None:
-        """Adopt a new plan on every track, keeping in-flight reservations."""
+    def reconfigure(
+        self,
+        pool: CompiledPool,
+        tiers: Sequence[CompiledTier],
+        *,
+        whole: CompiledPool | None = None,
+    ) -> None:
+        """Adopt a new plan on every track, keeping in-flight reservations (``whole`` as
+        in the constructor)."""
         old, self.pool = self.pool, pool
         listed = {t.name for t in pool.tracks} | {STABLE}
         for track in sorted(listed | set(self.controllers)):
@@ -161,10 +183,11 @@ class PoolRuntime:
                 view = self._retired_view(old, track)
             if view is None:
                 continue
+            entire = self._whole_view(whole, track) if track in listed else None
             if controller is None:
-                self.controllers[track] = AdmissionController(view, tiers)
+                self.controllers[track] = AdmissionController(view, tiers, whole=entire)
             else:
-                self._apply(controller.reconfigure(view, tiers, self.now()), track)
+                self._apply(controller.reconfigure(view, tiers, self.now(), whole=entire), track)
         for name in self._ejected:  # a new config does not bring an ejected replica back
             for track, controller in list(self.controllers.items()):
                 self._apply(controller.set_replica_ready(name, False, self.now()), track)
@@ -178,6 +201,17 @@ class PoolRuntime:
     def set_borrowing_paused(self, paused: bool) -> None:
         """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
         self._each(lambda c: c.set_borrowing_paused(paused, self.now()))
+
+    def set_admission_until(self, until: float | None) -> None:
+        """Start nothing from ``until`` (the loop's clock) on: the end of this replica's
+        capacity lease (None: no end)."""
+        self._each(lambda c: c.set_admission_until(until, self.now()))
+
+    def set_tenant_limits(self, track: str, limits: Mapping[str, int] | None) -> None:
+        """This replica's leased part of each limited tenant's maxConcurrency on a track."""
+        controller = self.controllers.get(track)
+        if controller is not None:
+            self._apply(controller.set_tenant_limits(limits, self.now()), track)
 
     def set_lent_limit(self, tier: str, limit: int | None) -> None:
         """Limit the requests of tiers below ``tier`` running on borrowed capacity."""

@@ -89,12 +89,13 @@ class PoolRegistry:
         if plan is None:
             return
         compiled, tiers = plan
-        pool = self.capacity.pool_view(compiled)
+        pool = self.capacity.pool_view(compiled, tiers)
+        whole = None if pool is compiled else compiled  # a share: "too large" is the pool's
         runtime = self.runtimes.get(name)
         if runtime is None:
-            self.runtimes[name] = PoolRuntime(pool, tiers, self.metrics)
+            self.runtimes[name] = PoolRuntime(pool, tiers, self.metrics, whole=whole)
         else:
-            runtime.reconfigure(pool, tiers)
+            runtime.reconfigure(pool, tiers, whole=whole)
         self._sync_adaptation(pool, tiers)
 
     def _sync_adaptation(self, pool: CompiledPool, tiers: list[CompiledTier]) -> None:

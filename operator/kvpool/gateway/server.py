@@ -126,6 +126,8 @@ class Gateway:
             learn_reservations=settings.learn_reservations,
             borrow_pause_usage=settings.borrow_pause_usage,
         )
+        self.capacity.attach(lambda: self.registry.runtimes, self.registry.refresh_capacity)
+        self.capacity.configure(config)
         self.body = BodyWorker(tokenizers)
         self.pipeline = RequestPipeline(
             store,
@@ -186,6 +188,7 @@ class Gateway:
         self._watchers.spawn(watch_loop_lag(self.metrics.loop_lag), "loop lag")
         if self.settings.engine_poll_seconds > 0:
             self._watchers.spawn(self.watcher.run(), "engine polls")
+        self._watchers.spawn(self.capacity.run(), "capacity share")
 
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
@@ -202,6 +205,7 @@ class Gateway:
         """Swap in a new config; in-flight requests keep theirs and their reservations."""
         index = ConfigIndex.build(config)
         self.index = index
+        self.capacity.configure(config)
         if self._started:
             self._sync(index)
         self.metrics.config_reloads.labels("applied").inc()
@@ -331,6 +335,9 @@ class Gateway:
         """Readiness: a config with at least one pool is loaded."""
         if not self._started or not self.index.config.pools:
             return web.json_response({"status": "no config"}, status=503)
+        unready = self.capacity.unready_reason()
+        if unready is not None:
+            return web.json_response({"status": unready}, status=503)
         return web.json_response({"status": "ready", "pools": len(self.index.config.pools)})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:

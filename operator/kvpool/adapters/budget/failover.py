@@ -13,7 +13,9 @@ change verdicts. This wrapper is the only place that decides what a failed call 
   ``--fail-closed-tier`` flag is only the default for tiers that do not declare it):
   ``Allow`` charges the request against a *local allowance*, an in-memory budget of
   ``local_fraction`` (10 %) of each limit per gateway process (availability kept, overshoot
-  bounded by replicas x 10 % per window); ``Reject`` answers :class:`BudgetUnavailable`
+  bounded by replicas x 10 % per window) - or, where the replicas count each other
+  (capacity leases, docs/0008), 10 % for all of them together, each live replica its
+  equal part; ``Reject`` answers :class:`BudgetUnavailable`
   (503 with ``Retry-After``). A call that failed while the breaker was still closed gets
   the same fallback verdict.
 
@@ -132,8 +134,13 @@ class FailoverBudgetStore:
         on_error: Callable[[str, BaseException], None] | None = None,
         on_fallback: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
+        """``replicas``: the live gateway replicas (capacity leases count them); the local
+        allowance is then ``local_fraction`` of each limit for all of them together, so the
+        overshoot while Redis is down does not grow with the replicas (None: per process)."""
         self.primary = primary
+        self._replicas = replicas
         self.policy = policy or FailoverPolicy()
         self.breaker = CircuitBreaker(
             self.policy.failure_threshold, self.policy.open_seconds, clock
@@ -201,7 +208,10 @@ class FailoverBudgetStore:
                 reason=f"budget store unavailable; tier {label!r} fails closed",
             )
         self._report(label, RESULT_LOCAL)
-        local_limits = scale_limits(limits, self.policy.local_fraction)
+        share = self.policy.local_fraction
+        if self._replicas is not None:
+            share /= max(1, self._replicas())
+        local_limits = scale_limits(limits, share)
         verdict = self._local.reserve_now(subject, local_limits, tokens, now)
         if isinstance(verdict, BudgetAllow):
             charge = dataclasses.replace(verdict.charge, origin=LOCAL_ORIGIN)

@@ -23,8 +23,9 @@ do when Redis fails: every failure is a :class:`LeaseStoreError`, and the lease 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -182,6 +183,40 @@ class RedisLeaseStore:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LeaseStoreError(f"unexpected answer from the lease script: {exc}") from exc
+
+    @property
+    def nudge_channel(self) -> str:
+        """The pub/sub channel on which replicas ask each other to renew now."""
+        return f"{self.prefix}:nudge"
+
+    async def nudge(self, member: str) -> None:
+        """Ask the other replicas to renew now (someone waits, or capacity was given up);
+        best effort: a lost nudge only means the next periodic renewal."""
+        try:
+            await asyncio.wait_for(self._redis.publish(self.nudge_channel, member), self.timeout)
+        except (aioredis.RedisError, OSError, TimeoutError) as exc:
+            raise LeaseStoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def listen(self, member: str, on_nudge: Callable[[], None]) -> None:
+        """Call ``on_nudge`` for every other replica's nudge until cancelled; raises
+        :class:`LeaseStoreError` when the subscription breaks (the caller retries)."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.nudge_channel)
+            while True:
+                message = await pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                sender = message.get("data")
+                if isinstance(sender, bytes):
+                    sender = sender.decode("utf-8", "replace")
+                if sender != member:
+                    on_nudge()
+        except (aioredis.RedisError, OSError) as exc:
+            raise LeaseStoreError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     async def close(self) -> None:
         """Close the connections."""

@@ -263,6 +263,15 @@ class AdmissionController:
             return self._pending_since if earliest is None else min(earliest, self._pending_since)
         return earliest
 
+    def tenant_requests(self) -> dict[str, tuple[int, int]]:
+        """Per tenant, (its requests in flight, those waiting): what a lease of its
+        ``maxConcurrency`` follows."""
+        counts = {t: (n, 0) for t, n in self._state.tenant_inflight.items()}
+        for waiting in self._state.waiting.values():
+            inflight, queued = counts.get(waiting.request.tenant, (0, 0))
+            counts[waiting.request.tenant] = (inflight, queued + 1)
+        return counts
+
     def verdict_of(self, request_id: str) -> Literal["queued", "admitted"] | None:
         """Whether an id is queued, admitted (in flight) or unknown."""
         if request_id in self._state.reservations:
@@ -400,6 +409,7 @@ class AdmissionController:
                 lent_slots=lent.get(t.name, ZERO).slots,
                 queued_requests=t.queued_count,
                 queued_tokens=t.queued.tokens,
+                queued_slots=t.queued.slots,
             )
             for t in state.order
         )

@@ -167,6 +167,7 @@ class TierUsage:
     lent_slots: int
     queued_requests: int
     queued_tokens: int
+    queued_slots: int = 0
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier, TierAllocation
 from kvpool.domain.admission.amount import ZERO, Amount
+from kvpool.domain.admission.verdicts import TierUsage
 
 DIMENSIONS = ("tokens", "slots")
 
@@ -256,3 +257,96 @@ def sum_components(vectors: Iterable[Mapping[str, int]]) -> dict[str, int]:
         for name, value in vector.items():
             out[name] = out.get(name, 0) + value
     return out
+
+
+def report_of(
+    tiers: Iterable[TierUsage],
+    peaks: Mapping[str, Amount],
+    tenants: Mapping[str, tuple[int, int]],
+    tenant_peaks: Mapping[str, int],
+) -> Report:
+    """A replica's report from its controller's snapshot: per tier reserved plus queued
+    (``now``) and the largest of that over the last seconds (``peaks``, kept by the
+    caller); per limited tenant its requests in flight plus queued, and their peak."""
+    out: dict[str, TierDemand] = {}
+    for t in tiers:
+        now = Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
+        peak = now.max(peaks.get(t.tier, ZERO))
+        if not now.is_zero or not peak.is_zero:
+            out[t.tier] = TierDemand(now=now, peak=peak)
+    counts = {
+        name: (inflight + queued, max(inflight + queued, tenant_peaks.get(name, 0)))
+        for name, (inflight, queued) in tenants.items()
+    }
+    for name, recent in tenant_peaks.items():
+        if name not in counts and recent > 0:
+            counts[name] = (0, recent)
+    return Report(tiers=out, tenants=counts)
+
+
+def held_components(
+    lease: Lease,
+    tiers: Iterable[TierUsage],
+    shared_used: Amount,
+    tenant_inflight: Mapping[str, int],
+    *,
+    in_use: Amount = ZERO,
+    previous: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """What a replica still holds of each component: its lease, or what its requests in
+    flight use where that is more.
+
+    Use is attributed as the controller does (a tier's own use of its floor plus what
+    borrowers hold of it; borrowing from the shared remainder first, then from the loans).
+    Requests admitted under a larger lease may not fit that attribution once the lease
+    shrank; what is left over (``in_use`` minus what was attributed, per dimension) stays
+    claimed where the replica claimed it before (``previous``: its last claim), then on the
+    shared remainder - so what a replica claims always covers what it has in flight, and
+    nobody is granted capacity its requests still hold.
+
+    >>> lease = Lease(floors={"a": Amount(100, 2)}, shared=Amount(10, 1),
+    ...               loans={"b": Amount(90, 1)})
+    >>> usage = TierUsage("a", 0, 150, 3, 100, 2, 50, 1, 0, 0, 0, 0)  # 50 tokens over floor
+    >>> held = held_components(lease, [usage], Amount(50, 1), {"acme": 2})
+    >>> held["shared.tokens"], held["loan.tokens.b"], held["tenant.acme"]
+    (10, 90, 2)
+    >>> small = Lease(floors={"a": Amount(20, 1)})  # shrunk below what is in flight
+    >>> usage = TierUsage("a", 0, 150, 3, 20, 1, 130, 2, 0, 0, 0, 0)
+    >>> held = held_components(small, [usage], ZERO, {}, in_use=Amount(150, 3),
+    ...                        previous={"floor.tokens.a": 150, "floor.slots.a": 3})
+    >>> held["floor.tokens.a"], held["floor.slots.a"]
+    (150, 3)
+    """
+    used: dict[str, int] = {}
+    for t in tiers:
+        own = Amount(t.in_use_tokens - t.borrowed_tokens, t.in_use_slots - t.borrowed_slots)
+        floor = own + Amount(t.lent_tokens, t.lent_slots)
+        used[f"floor.tokens.{t.tier}"] = floor.tokens
+        used[f"floor.slots.{t.tier}"] = floor.slots
+    for dim in DIMENSIONS:
+        over = _part(shared_used, dim) - _part(lease.shared, dim)
+        used[f"shared.{dim}"] = _part(shared_used, dim) - max(0, over)
+        for tier, loan in lease.loans.items():
+            take = min(max(0, over), _part(loan, dim))
+            used[f"loan.{dim}.{tier}"] = take
+            over -= take
+    for tenant, count in tenant_inflight.items():
+        used[f"tenant.{tenant}"] = count
+    leased = lease.components()
+    held = {c: max(v, leased.get(c, 0)) for c, v in used.items()}
+    for c, v in leased.items():
+        held.setdefault(c, v)
+    for dim in DIMENSIONS:
+        left = _part(in_use, dim) - sum(
+            v for c, v in held.items() if c.split(".")[1:2] == [dim] and not c.startswith("t")
+        )
+        for c, before in sorted((previous or {}).items()):
+            if left <= 0:
+                break
+            if c.split(".")[1:2] == [dim] and before > held.get(c, 0):
+                extra = min(left, before - held.get(c, 0))
+                held[c] = held.get(c, 0) + extra
+                left -= extra
+        if left > 0:
+            held[f"shared.{dim}"] = held.get(f"shared.{dim}", 0) + left
+    return {c: v for c, v in held.items() if v > 0}

@@ -1,0 +1,554 @@
+"""Capacity leases: this replica's share of each plan, following demand, renewed in Redis.
+
+Why this module exists: with several gateway replicas, each admits against a *lease* of
+every plan instead of a fixed percent (:mod:`kvpool.gateway.capacity`), so that capacity
+goes where the requests are whatever the balancer does. :class:`LeaseKeeper` is the
+:class:`~kvpool.gateway.capacity.CapacityShare` that does it:
+
+- **renew** every ``period`` (and at once when a request here has to wait, or another
+  replica nudges): per plan (a pool's stable track, and a canary with a plan of its own)
+  report the demand (:func:`~kvpool.domain.lease.model.report_of`), compute the desired
+  lease on the last table of every replica's reports
+  (:func:`~kvpool.domain.lease.plan_leases`), shrink to it locally *before* sending, and let
+  the Redis script grant (:mod:`kvpool.adapters.lease.store`). When the fresh table the
+  answer brings changes what is desired, renew once more at once;
+- **apply**: a pool whose lease moved is re-applied (``PoolRegistry.refresh_capacity``:
+  its runtime adopts the new view, keeping every reservation in flight); every controller
+  is told the lease's end (``set_admission_until``: a replica stopped past its lease starts
+  nothing on it when it resumes), and its part of each limited tenant's ``maxConcurrency``;
+- **fall back** while Redis is unreachable (:mod:`kvpool.domain.lease.fallback`: the last
+  lease while valid, then the smaller of it and the equal split of the last known
+  membership, then that equal split), with a log line at every change of mode and the
+  ``kvpool_gateway_lease_mode`` gauge;
+- **nudge**: after a renewal in which this replica has requests waiting, or gave capacity
+  up, it publishes a nudge; the others renew at once, so capacity moves in a few Redis
+  round trips rather than a few periods.
+
+Membership follows the renewals (the script counts the live members), so nobody sets N:
+the engine poll period and, while Redis is down, the equal split use the live count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
+from kvpool.api.admission_config import (
+    AdmissionConfig,
+    CompiledPool,
+    CompiledTenant,
+    CompiledTier,
+    TrackPlan,
+)
+from kvpool.domain.admission import AdmissionSnapshot
+from kvpool.domain.admission.amount import ZERO, Amount
+from kvpool.domain.lease import (
+    Lease,
+    LeaseClock,
+    LeaseMode,
+    LeasePlan,
+    Report,
+    apply_lease,
+    build_lease_plan,
+    decide_lease_mode,
+    equal_split,
+    plan_leases,
+    shrunk,
+)
+from kvpool.domain.lease.model import held_components, report_of
+from kvpool.domain.routing import CANARY, STABLE, build_track_pool
+from kvpool.gateway.metrics import GatewayMetrics
+from kvpool.gateway.pool_runtime import PoolRuntime
+
+log = logging.getLogger("kvpool.gateway")
+
+PEAK_WINDOW_SECONDS = 5.0  # a tier's "peak" demand: the largest of this long
+MIN_GAP_SECONDS = 0.01  # renewals never come closer than this (nudges, waits)
+RENEWAL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+def default_member_id() -> str:
+    """This replica's id: its pod name (``POD_NAME``, the chart sets it), else host and pid,
+    with a random suffix so that a restarted process is a new member."""
+    base = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    return f"{base}-{random.getrandbits(24):06x}"
+
+
+class LeaseMetrics:
+    """The lease series (``kvpool_gateway_lease_*``), in the gateway's registry."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        r, p = metrics.registry, "kvpool_gateway_lease_"
+        self.mode = Gauge(
+            p + "mode", "1 for the lease mode this replica admits in.", ["mode"], registry=r
+        )
+        self.members = Gauge(p + "members", "Live gateway replicas (last renewal).", registry=r)
+        self.age = Gauge(
+            p + "age_seconds", "Seconds since the last renewal that Redis answered.", registry=r
+        )
+        self.capacity = Gauge(
+            p + "capacity",
+            "What this replica may admit per plan: kind floor (per tier), shared, loan, "
+            "total; dimension tokens or slots.",
+            ["pool", "track", "tier", "kind", "dimension"],
+            registry=r,
+        )
+        self.handovers = Counter(
+            p + "handovers_total",
+            "Lease changes of this replica by pool: grew (capacity taken over) or shrank "
+            "(given up).",
+            ["pool", "direction"],
+            registry=r,
+        )
+        self.renewals = Counter(
+            p + "renewals_total", "Lease renewals by result (ok, error).", ["result"], registry=r
+        )
+        self.renewal_seconds = Histogram(
+            p + "renewal_seconds",
+            "Round trip of one renewal (the Redis script).",
+            buckets=RENEWAL_BUCKETS,
+            registry=r,
+        )
+
+
+class _Peaks:
+    """The largest value of each key over the last ``window`` seconds."""
+
+    def __init__(self, window: float = PEAK_WINDOW_SECONDS) -> None:
+        self.window = window
+        self._samples: dict[str, deque[tuple[float, Amount]]] = {}
+
+    def observe(self, now: float, values: dict[str, Amount]) -> dict[str, Amount]:
+        out: dict[str, Amount] = {}
+        for key in set(values) | set(self._samples):
+            samples = self._samples.setdefault(key, deque())
+            if key in values:
+                samples.append((now, values[key]))
+            while samples and samples[0][0] < now - self.window:
+                samples.popleft()
+            if not samples:
+                del self._samples[key]
+                continue
+            peak = ZERO
+            for _, value in samples:
+                peak = peak.max(value)
+            out[key] = peak
+        return out
+
+
+@dataclass
+class _Plan:
+    """One leased plan: a pool's track."""
+
+    pool: str
+    track: str
+    view: CompiledPool  # the track's whole plan, as compiled
+    plan: LeasePlan  # its leasable components (all limited tenants)
+    lease: Lease = field(default_factory=Lease)
+    table: dict[str, Report] = field(default_factory=dict)  # the others' last reports
+    peaks: _Peaks = field(default_factory=_Peaks)
+    tenant_peaks: _Peaks = field(default_factory=_Peaks)
+    granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
+    claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
+
+
+class LeaseKeeper:
+    """A :class:`~kvpool.gateway.capacity.CapacityShare` by capacity leases (see above)."""
+
+    def __init__(
+        self,
+        store: RedisLeaseStore,
+        metrics: GatewayMetrics,
+        *,
+        member: str | None = None,
+        clock: LeaseClock | None = None,
+    ) -> None:
+        self.store = store
+        self.member = member or default_member_id()
+        self.clock = clock or LeaseClock(redis_timeout=store.timeout)
+        self.metrics = LeaseMetrics(metrics)
+        self._plans: dict[tuple[str, str], _Plan] = {}
+        self._runtimes: Callable[[], dict[str, PoolRuntime]] = dict
+        self._refresh: Callable[[str], None] = lambda _pool: None
+        self._applied: dict[tuple[str, str], Lease] = {}  # the effective lease last applied
+        self._tenant_limits: dict[str, int] = {}  # tenant -> maxConcurrency (limited only)
+        self._members = 1
+        self._last_ok: float | None = None
+        self._failing_since: float | None = None
+        self._mode = LeaseMode.NONE
+        self._wake = asyncio.Event()
+        self._last_start = float("-inf")
+        self._set_mode(LeaseMode.NONE, quiet=True)
+
+    # -- CapacityShare ---------------------------------------------------------------------
+
+    def attach(
+        self,
+        runtimes: Callable[[], dict[str, PoolRuntime]],
+        refresh: Callable[[str], None],
+    ) -> None:
+        """Where the runtimes are and how to re-apply a pool's share (the registry's)."""
+        self._runtimes, self._refresh = runtimes, refresh
+        for runtime in runtimes().values():
+            runtime.on_queued = self.wake
+
+    def configure(self, config: AdmissionConfig) -> None:
+        """A new config: its tenants' ``maxConcurrency`` is leased too."""
+        self._tenant_limits = {
+            t.tenant: t.max_concurrency for t in config.tenants if t.max_concurrency is not None
+        }
+
+    def pool_view(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> CompiledPool:
+        """The pool as this replica admits it: each track's plan replaced by its lease."""
+        views = self._track_views(pool)
+        for key in [k for k in self._plans if k[0] == pool.name and k[1] not in views]:
+            del self._plans[key]
+        leased: dict[str, CompiledPool] = {}
+        for track, view in views.items():
+            state = self._plans.get((pool.name, track))
+            plan = build_lease_plan(view, tiers, self._tenant_limits)
+            if state is None:
+                state = self._plans[(pool.name, track)] = _Plan(pool.name, track, view, plan)
+            else:
+                state.view, state.plan = view, plan
+            effective = self._effective(state)
+            self._applied[(pool.name, track)] = effective
+            leased[track] = apply_lease(view, plan, effective)
+        stable = leased.get(STABLE, pool)
+        tracks = []
+        for compiled in pool.tracks:
+            if compiled.name in leased and compiled.name != STABLE and compiled.plan is not None:
+                v = leased[compiled.name]
+                own = TrackPlan(
+                    replicas=v.replicas,
+                    tokens_per_replica=v.tokens_per_replica,
+                    slots_per_replica=v.slots_per_replica,
+                    total_tokens=v.total_tokens,
+                    total_slots=v.total_slots,
+                    shared_tokens=v.shared_tokens,
+                    shared_slots=v.shared_slots,
+                    tiers=dict(v.tiers),
+                )
+                tracks.append(compiled.model_copy(update={"plan": own}))
+                continue
+            tracks.append(compiled)
+        return stable.model_copy(update={"tracks": tracks})
+
+    def tenant_view(self, tenant: CompiledTenant, pool: str) -> CompiledTenant:
+        """Unchanged: the leased part of a tenant's limit is set on the controllers."""
+        return tenant
+
+    def poll_period(self, seconds: float) -> float:
+        """The live replicas share each engine's poll budget."""
+        return seconds * max(1, self._members)
+
+    def unready_reason(self) -> str | None:
+        """Why this replica cannot admit (for ``/readyz``), or None."""
+        if self._mode is LeaseMode.NONE:
+            return "no capacity lease yet (Redis not reached since start)"
+        return None
+
+    @property
+    def mode(self) -> LeaseMode:
+        """How this replica admits right now."""
+        return self._mode
+
+    @property
+    def members(self) -> int:
+        """Live gateway replicas at the last renewal."""
+        return self._members
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Renew soon (a request had to wait here, or another replica nudged)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Renew until cancelled; listen for the other replicas' nudges meanwhile."""
+        listener = asyncio.create_task(self._listen(), name="kvpool:lease nudges")
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.clock.period)
+                self._wake.clear()
+                loop = asyncio.get_running_loop()
+                gap = loop.time() - self._last_start
+                if gap < MIN_GAP_SECONDS:
+                    await asyncio.sleep(MIN_GAP_SECONDS - gap)
+                try:
+                    await self.renew()
+                except Exception:  # one bad renewal must not end the keeper
+                    log.exception("lease renewal failed unexpectedly")
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                await self.store.listen(self.member, self.wake)
+            except LeaseStoreError:
+                await asyncio.sleep(max(self.clock.period, 0.5))
+
+    async def renew(self) -> None:
+        """One renewal of every plan (and one more at once if the answer moved what is
+        desired); applies the result or the fallback."""
+        loop = asyncio.get_running_loop()
+        self._last_start = loop.time()
+        plans = [p for p in self._plans.values() if p.pool in self._runtimes()]
+        if not plans:
+            return
+        gave_up = await self._call(plans, loop)
+        if self._mode is LeaseMode.LEASED:
+            now = loop.time()
+            again = [
+                p
+                for p in plans
+                if self._desired(p, self._report(p, now)).components() != p.granted.components()
+            ]
+            if again:
+                gave_up |= await self._call(again, loop)
+        self._apply(loop.time())
+        if self._mode is LeaseMode.LEASED and (gave_up or self._waiting(plans)):
+            with contextlib.suppress(LeaseStoreError):
+                await self.store.nudge(self.member)
+
+    async def _call(self, plans: list[_Plan], loop: asyncio.AbstractEventLoop) -> bool:
+        """One script call for ``plans``; True when this replica gave capacity up."""
+        now = loop.time()
+        renewals: list[PlanRenewal] = []
+        gave_up = False
+        for state in plans:
+            report = self._report(state, now)
+            desired = self._desired(state, report)
+            smaller = _shrink(state.lease, desired)
+            if smaller != state.lease:
+                state.lease, gave_up = smaller, True
+                self._refresh(state.pool)  # give it up here before Redis hands it out
+            snapshot, tenants = self._usage(state)
+            held = held_components(
+                state.lease,
+                snapshot.tiers if snapshot is not None else (),
+                Amount(snapshot.shared_used_tokens, snapshot.shared_used_slots)
+                if snapshot is not None
+                else ZERO,
+                {t: n for t, (n, _) in tenants.items()},
+                in_use=Amount(snapshot.in_use_tokens, snapshot.in_use_slots)
+                if snapshot is not None
+                else ZERO,
+                previous=state.claim,
+            )
+            plan = self._plan_for(state, report)
+            renewals.append(
+                PlanRenewal(
+                    state.pool, state.track, plan.groups(), desired.components(), held, report
+                )
+            )
+        sent = loop.time()
+        try:
+            answer = await self.store.renew(self.member, renewals, member_ttl=self.clock.member_ttl)
+        except LeaseStoreError as exc:
+            self.metrics.renewals.labels("error").inc()
+            if self._failing_since is None:
+                self._failing_since = sent
+                log.warning("lease renewal failed (%s): keeping the last lease while valid", exc)
+            self._update_mode(loop.time())
+            return gave_up
+        self.metrics.renewals.labels("ok").inc()
+        self.metrics.renewal_seconds.observe(loop.time() - sent)
+        if self._failing_since is not None:
+            log.info("lease renewal answered again after %.1f s", sent - self._failing_since)
+        self._last_ok, self._failing_since = sent, None
+        self._members = max(1, answer.members)
+        for state, grant in zip(plans, answer.plans, strict=True):
+            state.table = {m: r for m, r in grant.reports.items() if m != self.member}
+            state.granted = Lease.from_components(grant.granted)
+            state.claim = grant.claim
+            if _smaller_somewhere(state.granted, state.lease):
+                gave_up = True
+            self._count_handover(state, state.lease, state.granted)
+            state.lease = state.granted
+        self._update_mode(loop.time())
+        return gave_up
+
+    # -- demand ----------------------------------------------------------------------------
+
+    def _usage(self, state: _Plan) -> tuple[AdmissionSnapshot | None, dict[str, tuple[int, int]]]:
+        runtime = self._runtimes().get(state.pool)
+        controller = runtime.controllers.get(state.track) if runtime is not None else None
+        if controller is None:
+            return None, {}
+        limited = self._tenant_limits
+        tenants = {t: c for t, c in controller.tenant_requests().items() if t in limited}
+        return controller.snapshot(), tenants
+
+    def _report(self, state: _Plan, now: float) -> Report:
+        snapshot, tenants = self._usage(state)
+        if snapshot is None:
+            return Report()
+        current = {
+            t.tier: Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
+            for t in snapshot.tiers
+        }
+        peaks = state.peaks.observe(now, {k: v for k, v in current.items() if not v.is_zero})
+        counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
+        tenant_peaks = {t: a.slots for t, a in state.tenant_peaks.observe(now, counts).items()}
+        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks)
+
+    def _plan_for(self, state: _Plan, report: Report) -> LeasePlan:
+        """The plan with only the tenants someone reports or holds (not every tenant of
+        the config: the renewal carries what is in play)."""
+        names = set(report.tenants) | {t for r in state.table.values() for t in r.tenants}
+        names |= set(state.lease.tenants)
+        tenants = {t: state.plan.tenants[t] for t in names if t in state.plan.tenants}
+        return LeasePlan(
+            tiers=state.plan.tiers,
+            floors=state.plan.floors,
+            lend_percent=state.plan.lend_percent,
+            preempt=state.plan.preempt,
+            shared=state.plan.shared,
+            per_engine=state.plan.per_engine,
+            tenants=tenants,
+        )
+
+    def _desired(self, state: _Plan, report: Report) -> Lease:
+        table = {**state.table, self.member: report}
+        return plan_leases(self._plan_for(state, report), table)[self.member]
+
+    def _waiting(self, plans: list[_Plan]) -> bool:
+        for state in plans:
+            snapshot, _ = self._usage(state)
+            if snapshot is not None and snapshot.queued:
+                return True
+        return False
+
+    # -- applying --------------------------------------------------------------------------
+
+    def _effective(self, state: _Plan) -> Lease:
+        """What this replica admits against in the current mode."""
+        if self._mode is LeaseMode.LEASED:
+            return state.lease
+        equal = equal_split(state.plan, self._members)
+        if self._mode is LeaseMode.SHRUNK:
+            return shrunk(state.lease, equal)
+        if self._mode is LeaseMode.EQUAL:
+            return equal
+        return Lease()
+
+    def _update_mode(self, now: float) -> None:
+        mode = decide_lease_mode(
+            now, last_ok=self._last_ok, failing_since=self._failing_since, clock=self.clock
+        )
+        if mode is not self._mode:
+            self._set_mode(mode)
+
+    def _set_mode(self, mode: LeaseMode, *, quiet: bool = False) -> None:
+        before, self._mode = self._mode, mode
+        for m in LeaseMode:
+            self.metrics.mode.labels(m.value).set(1 if m is mode else 0)
+        if not quiet:
+            log.warning(
+                "lease mode %s -> %s (%d live replicas at the last renewal)%s",
+                before.value,
+                mode.value,
+                self._members,
+                _MODE_NOTES.get(mode, ""),
+            )
+
+    def _apply(self, now: float) -> None:
+        """Re-apply every pool's effective lease, its end, and its tenant limits."""
+        self._update_mode(now)
+        if self._mode is LeaseMode.LEASED and self._last_ok is not None:
+            until: float | None = self._last_ok + self.clock.lease_ttl
+        elif self._mode in (LeaseMode.SHRUNK, LeaseMode.EQUAL):
+            until = now + 3 * self.clock.period  # renewed by this loop while it runs
+        else:
+            until = now
+        runtimes = self._runtimes()
+        moved = {
+            state.pool
+            for key, state in self._plans.items()
+            if self._effective(state).components() != self._applied.get(key, Lease()).components()
+        }
+        for pool in moved:
+            self._refresh(pool)  # calls pool_view: applies and records the new leases
+        for state in self._plans.values():
+            runtime = runtimes.get(state.pool)
+            if runtime is None:
+                continue
+            runtime.on_queued = self.wake
+            effective = self._effective(state)
+            runtime.set_tenant_limits(state.track, self._tenant_shares(state, effective))
+            self._export(state, effective)
+        for runtime in runtimes.values():
+            runtime.set_admission_until(until)
+        if self._last_ok is not None:
+            self.metrics.age.set(max(0.0, now - self._last_ok))
+        self.metrics.members.set(self._members)
+
+    def _tenant_shares(self, state: _Plan, lease: Lease) -> dict[str, int]:
+        if self._mode in (LeaseMode.SHRUNK, LeaseMode.EQUAL):
+            equal = equal_split(state.plan, self._members).tenants
+            if self._mode is LeaseMode.EQUAL:
+                return dict(equal)
+            return {t: min(v, lease.tenants.get(t, v)) for t, v in equal.items()}
+        return dict(lease.tenants)
+
+    def _export(self, state: _Plan, lease: Lease) -> None:
+        labels = (state.pool, state.track)
+        for tier in state.plan.tiers:
+            floor = lease.floors.get(tier, ZERO)
+            self.metrics.capacity.labels(*labels, tier, "floor", "tokens").set(floor.tokens)
+            self.metrics.capacity.labels(*labels, tier, "floor", "slots").set(floor.slots)
+        loans = sum(lease.loans.values(), ZERO)
+        for kind, amount in (("shared", lease.shared), ("loan", loans), ("total", lease.total)):
+            self.metrics.capacity.labels(*labels, "", kind, "tokens").set(amount.tokens)
+            self.metrics.capacity.labels(*labels, "", kind, "slots").set(amount.slots)
+
+    def _count_handover(self, state: _Plan, before: Lease, after: Lease) -> None:
+        b, a = before.total, after.total
+        if a.tokens > b.tokens or a.slots > b.slots:
+            self.metrics.handovers.labels(state.pool, "grew").inc()
+        if a.tokens < b.tokens or a.slots < b.slots:
+            self.metrics.handovers.labels(state.pool, "shrank").inc()
+
+    @staticmethod
+    def _track_views(pool: CompiledPool) -> dict[str, CompiledPool]:
+        views = {STABLE: build_track_pool(pool, STABLE) or pool}
+        canary = build_track_pool(pool, CANARY)
+        if canary is not None:
+            views[CANARY] = canary
+        return views
+
+
+_MODE_NOTES = {
+    LeaseMode.SHRUNK: ": Redis unreachable, admitting against the smaller of the last lease "
+    "and the equal split",
+    LeaseMode.EQUAL: ": Redis unreachable, admitting against the equal split of the plans",
+    LeaseMode.EXPIRED: ": the lease ran out without a renewal (was this process stopped?); "
+    "admitting nothing until Redis answers",
+    LeaseMode.LEASED: "",
+}
+
+
+def _shrink(lease: Lease, desired: Lease) -> Lease:
+    """Component-wise minimum of the current and the desired lease."""
+    mine, want = lease.components(), desired.components()
+    return Lease.from_components({c: min(v, want.get(c, 0)) for c, v in mine.items()})
+
+
+def _smaller_somewhere(new: Lease, old: Lease) -> bool:
+    got = new.components()
+    return any(got.get(c, 0) < v for c, v in old.components().items())

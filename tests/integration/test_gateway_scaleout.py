@@ -1,0 +1,284 @@
+"""Gateway replicas admit as one: real ``kvpool gateway`` processes, a real Redis, and an
+engine that holds its answers until the test lets them go (so what is in flight is known).
+
+Given one engine of 8 slots and the plan of tests/builders (interactive 50 %, batch 30 %),
+each case is a failure mode of issue 15: skewed ingress, a tier whose requests reach the
+other replica, a replica that joins, one SIGKILLed, Redis stopped and restarted, and a
+replica stopped (SIGSTOP) past its lease TTL. The engine's own count of requests in flight
+is the witness: the replicas together never put more on it than the plan (8), and never
+leave it idle while one of them has requests waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.builders import AdmissionConfigBuilder
+from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
+from tests.support.redis_server import RedisFactory, RedisServer
+from tests.support.waiting import wait_until_async
+
+pytestmark = pytest.mark.redis
+
+SLOTS = 8  # the engine's slots: the plan's total
+TTL = 3.0  # --lease-ttl: a replica's capacity goes back to the others this long after it
+LEASE_ARGS = ("--lease-period", "0.1", "--lease-ttl", str(TTL), "--engine-poll-seconds", "0")
+
+
+def config(engine: FakeEngine) -> AdmissionConfigBuilder:
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=30.0, reclaim="Preempt")
+        .tier("batch", floor=30, lend=50, wait=30.0)
+        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
+        .pool("tiny", [engine.url], tokens_per_replica=8192, slots_per_replica=SLOTS)
+        .tenant("acme", key="sk-acme", tiers=["interactive"], labels={"class": "interactive"})
+        .tenant("bulk", key="sk-bulk", tiers=["batch"])
+    )
+
+
+@dataclass
+class Traffic:
+    """Requests sent through the gateways, each a task, ended at teardown."""
+
+    session: aiohttp.ClientSession
+    tasks: list[asyncio.Task[int]] = field(default_factory=list)
+
+    def batch(self, gateway: GatewayProcess, count: int) -> list[asyncio.Task[int]]:
+        return self._send(gateway, count, "sk-bulk", "/v1/completions")
+
+    def chat(self, gateway: GatewayProcess, count: int) -> list[asyncio.Task[int]]:
+        return self._send(gateway, count, "sk-acme", "/v1/chat/completions")
+
+    def _send(self, gateway: GatewayProcess, count: int, key: str, path: str):
+        body: dict[str, object] = {"model": "tiny", "max_tokens": 4}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": "hi"}]
+        else:
+            body["prompt"] = "hello"
+
+        async def one() -> int:
+            async with self.session.post(
+                gateway.url + path, json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as response:
+                await response.read()
+                return response.status
+
+        started = [asyncio.create_task(one()) for _ in range(count)]
+        self.tasks.extend(started)
+        return started
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    held = FakeEngine(hold=asyncio.Event())
+    await held.start()
+    yield held
+    assert held.hold is not None
+    held.hold.set()
+    await held.stop()
+
+
+@pytest.fixture
+async def traffic() -> AsyncIterator[Traffic]:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        sent = Traffic(session)
+        yield sent
+        for task in sent.tasks:
+            task.cancel()
+        await asyncio.gather(*sent.tasks, return_exceptions=True)
+
+
+@pytest.fixture
+def redis(redis_server: RedisFactory) -> RedisServer:
+    return redis_server()
+
+
+@pytest.fixture
+def replicas(
+    gateway_process: GatewayProcesses, engine: FakeEngine, redis: RedisServer
+) -> Callable[..., asyncio.Future[GatewayProcess]]:
+    """``await replicas()``: one more gateway replica leasing capacity in the test's Redis."""
+    builder = config(engine)
+
+    def start(*extra: str) -> asyncio.Future[GatewayProcess]:
+        return asyncio.ensure_future(
+            gateway_process.started(builder, redis_url=redis.url, extra_args=LEASE_ARGS + extra)
+        )
+
+    return start
+
+
+async def metric(gateway: GatewayProcess, name: str, **labels: str) -> float | None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gateway.metrics_url) as response,
+    ):
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+async def both_members(*gateways: GatewayProcess) -> None:
+    """Wait until every replica has seen all of them at a renewal."""
+    for gateway in gateways:
+        await wait_until_async(
+            lambda g=gateway: _is(metric(g, "kvpool_gateway_lease_members"), len(gateways)),
+            10,
+            f"{gateway.url} sees {len(gateways)} replicas",
+        )
+
+
+async def in_flight_reaches(engine: FakeEngine, count: int, timeout: float, what: str) -> float:
+    """Seconds until the engine has ``count`` requests in flight."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await wait_until_async(lambda: engine.in_flight >= count, timeout, what, interval=0.01)
+    return loop.time() - start
+
+
+async def test_skewed_ingress_fills_the_engine_as_one_replica_would(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given two replicas (no --plan-share), when every batch request reaches replica a,
+    then a admits the whole plan (a static 50 % share admitted 4 of the 8 slots), and the
+    engine never gets more than the plan."""
+    a, b = await replicas(), await replicas()
+    await both_members(a, b)
+    traffic.batch(a, 2 * SLOTS)
+    seconds = await in_flight_reaches(engine, SLOTS, 10, "the engine full through one replica")
+    assert engine.max_in_flight == SLOTS, f"over the plan: {engine.max_in_flight} in flight"
+    print(f"skew: {SLOTS} slots in flight through one replica after {seconds:.2f} s")
+    assert await metric(b, "kvpool_gateway_lease_members") == 2
+
+
+async def test_a_tier_arriving_at_the_other_replica_gets_its_floor_there(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given a holds the whole engine with batch (borrowing interactive's idle floor),
+    when chats arrive at b, then they start at once (reclaim Preempt: the engine, not the
+    gateway, makes room), without waiting for a's batch to end."""
+    a, b = await replicas(), await replicas()
+    traffic.batch(a, 2 * SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a's batch fills the engine")
+    traffic.chat(b, 2)
+    seconds = await in_flight_reaches(engine, SLOTS + 2, 5, "b's chats reach the engine")
+    interactive = [r for r in engine.received if r.get("priority") == 0]
+    assert len(interactive) == 2
+    print(f"floor where its tier arrives: b's chats on the engine {seconds:.2f} s after sending")
+    assert seconds < 2.0, f"chats waited {seconds:.2f} s for a's batch"
+
+
+async def test_a_replica_that_joins_gets_capacity_only_as_it_is_released(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given a alone holds the whole engine, when b joins and gets batch requests, then none
+    of b's starts while a's hold the plan (no capacity granted before it is released), and
+    b's start as soon as a's end."""
+    a = await replicas()
+    traffic.batch(a, SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
+    b = await replicas()
+    b_requests = traffic.batch(b, 4)
+    await both_members(a, b)
+    await asyncio.sleep(0.5)  # five lease periods: b renews and is granted nothing
+    assert engine.in_flight == SLOTS and engine.max_in_flight == SLOTS
+    assert engine.hold is not None
+    engine.hold.set()  # a's requests end (and b's, once they start)
+    statuses = await asyncio.wait_for(asyncio.gather(*b_requests), 15)
+    assert statuses == [200] * 4
+    assert engine.max_in_flight == SLOTS, f"over the plan: {engine.max_in_flight}"
+
+
+async def test_a_killed_replica_gives_its_capacity_back_within_its_ttl(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    a, b = await replicas(), await replicas()
+    traffic.batch(a, SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
+    traffic.batch(b, 4)
+    await asyncio.sleep(0.3)
+    assert engine.in_flight == SLOTS
+    loop = asyncio.get_running_loop()
+    killed = loop.time()
+    os.kill(a.process.pid, signal.SIGKILL)  # its connections drop: the engine aborts them
+    await wait_until_async(lambda: engine.in_flight == 0 or len(engine.received) > SLOTS, 5)
+    await wait_until_async(lambda: len(engine.received) >= SLOTS + 4, TTL + 3, "b takes over")
+    recovered = loop.time() - killed
+    print(f"SIGKILL: b's requests on the engine {recovered:.2f} s after a was killed")
+    assert recovered <= TTL + 1.0, f"took {recovered:.2f} s (member TTL {TTL} s)"
+
+
+async def test_redis_down_keeps_admitting_on_the_equal_split_then_leases_again(
+    replicas, engine: FakeEngine, traffic: Traffic, redis: RedisServer
+) -> None:
+    a, b = await replicas(), await replicas()
+    await both_members(a, b)
+    redis.kill()
+    for gateway in (a, b):
+        await wait_until_async(
+            lambda g=gateway: _is(metric(g, "kvpool_gateway_lease_mode", mode="equal"), 1),
+            TTL + 5,
+            "the equal split while Redis is down",
+        )
+    traffic.batch(a, 2 * SLOTS)
+    # fail-static: a admits its equal half of the plan, never the whole plan
+    await in_flight_reaches(engine, SLOTS // 2, 10, "a admits on its equal split")
+    await asyncio.sleep(0.5)
+    assert engine.in_flight == SLOTS // 2, f"{engine.in_flight} in flight with Redis down"
+    redis.start()
+    await wait_until_async(
+        lambda: _is(metric(a, "kvpool_gateway_lease_mode", mode="leased"), 1),
+        TTL + 5,
+        "leases again once Redis answers (after its warm-up)",
+    )
+    await in_flight_reaches(engine, SLOTS, TTL + 5, "a leases the whole plan again")
+    assert engine.max_in_flight == SLOTS
+
+
+async def test_a_replica_stopped_past_its_lease_does_not_admit_on_it_when_it_resumes(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given a is the only busy replica (its lease is the whole plan, half of it in use),
+    when a is SIGSTOPped longer than the member TTL, b is granted what a does not hold in
+    flight; new requests reach a while it is stopped; then on SIGCONT a starts none of
+    them on its old lease (which still had room), only what a renewal grants it."""
+    a, b = await replicas(), await replicas()
+    await both_members(a, b)
+    half = SLOTS // 2
+    traffic.batch(a, half)
+    await in_flight_reaches(engine, half, 10, "a's requests on the engine")
+    os.kill(a.process.pid, signal.SIGSTOP)
+    try:
+        traffic.batch(b, half)
+        await wait_until_async(
+            lambda: len(engine.received) >= SLOTS, TTL + 3, "b granted what a does not hold"
+        )
+        late = traffic.batch(a, 3)  # in a's accept backlog while it is stopped
+        await asyncio.sleep(0.3)
+    finally:
+        os.kill(a.process.pid, signal.SIGCONT)
+    await asyncio.sleep(1.0)  # a resumed and renewed (ten lease periods)
+    started = len(engine.received) - SLOTS
+    assert started == 0, f"a started {started} request(s) on its expired lease"
+    assert engine.max_in_flight == SLOTS
+    assert engine.hold is not None
+    engine.hold.set()
+    assert await asyncio.wait_for(asyncio.gather(*late), 15) == [200] * 3
+
+
+async def _is(value: object, expected: float) -> bool:
+    got = await value  # type: ignore[misc]
+    return got == expected
