@@ -149,6 +149,58 @@ async def in_flight_reaches(engine: FakeEngine, count: int, timeout: float, what
     return loop.time() - start
 
 
+async def readyz(gateway: GatewayProcess) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gateway.url + "/readyz") as response,
+    ):
+        return response.status, (await response.json())["status"]
+
+
+async def test_on_a_fresh_redis_a_replica_is_ready_once_it_may_grow(
+    gateway_process: GatewayProcesses, engine: FakeEngine, redis: RedisServer, traffic: Traffic
+) -> None:
+    """Given a Redis that has just started (no claims known: leases grow nothing for one
+    member TTL), when a replica starts, then /readyz says why it cannot admit yet (503,
+    naming the warm-up) and turns 200 within the TTL, when it admits at once; a later
+    Redis restart leaves it ready (it keeps admitting on the claims it holds). Before: a
+    replica answered 200 while it could start nothing, so requests sent to a freshly
+    started gateway with a 0.25 s timeout never reached the engine."""
+    gateway = gateway_process.create(config(engine), redis_url=redis.url, extra_args=LEASE_ARGS)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    gateway.process.start()
+    statuses: list[int] = []
+
+    async def answered() -> bool:
+        try:
+            status, reason = await readyz(gateway)
+        except aiohttp.ClientError:
+            return False
+        statuses.append(status)
+        assert status == 200 or "Redis has just started" in reason, reason
+        return status == 200
+
+    await wait_until_async(answered, TTL + 10, "the replica ready after the warm-up")
+    seconds = loop.time() - started
+    assert 503 in statuses, f"ready at once on a fresh Redis: {statuses[:5]}"
+    traffic.batch(gateway, 2)
+    await in_flight_reaches(engine, 2, 2, "requests start as soon as the replica is ready")
+    renewed = await metric(gateway, "kvpool_gateway_lease_renewals_total", result="ok") or 0
+    redis.kill()
+    redis.start()
+    await wait_until_async(
+        lambda: _above(
+            metric(gateway, "kvpool_gateway_lease_renewals_total", result="ok"), renewed + 3
+        ),
+        TTL + 5,
+        "renewals on the restarted Redis",
+    )
+    status, reason = await readyz(gateway)
+    assert status == 200, f"a Redis restart made a serving replica unready: {reason}"
+    print(f"fresh Redis: ready after {seconds:.2f} s (member TTL {TTL} s)")
+
+
 async def test_skewed_ingress_fills_the_engine_as_one_replica_would(
     replicas, engine: FakeEngine, traffic: Traffic
 ) -> None:
@@ -282,3 +334,8 @@ async def test_a_replica_stopped_past_its_lease_does_not_admit_on_it_when_it_res
 async def _is(value: object, expected: float) -> bool:
     got = await value  # type: ignore[misc]
     return got == expected
+
+
+async def _above(value: object, floor: float) -> bool:
+    got = await value  # type: ignore[misc]
+    return got is not None and got > floor

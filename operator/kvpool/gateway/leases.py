@@ -183,6 +183,7 @@ class LeaseKeeper:
         self._applied: dict[tuple[str, str], Lease] = {}  # the effective lease last applied
         self._tenant_limits: dict[str, int] = {}  # tenant -> maxConcurrency (limited only)
         self._members = 1
+        self._settled = False  # a renewal answered outside Redis's warm-up since start
         self._last_ok: float | None = None
         self._failing_since: float | None = None
         self._mode = LeaseMode.NONE
@@ -256,6 +257,11 @@ class LeaseKeeper:
         """Why this replica cannot admit (for ``/readyz``), or None."""
         if self._mode is LeaseMode.NONE:
             return "no capacity lease yet (Redis not reached since start)"
+        if not self._settled:
+            return (
+                "Redis has just started: leases grow once every replica's claims are known,"
+                f" one member TTL ({self.clock.member_ttl:g} s) after its first renewal"
+            )
         return None
 
     @property
@@ -372,6 +378,7 @@ class LeaseKeeper:
             log.info("lease renewal answered again after %.1f s", sent - self._failing_since)
         self._last_ok, self._failing_since = sent, None
         self._members = max(1, answer.members)
+        self._settled = self._settled or not answer.warming
         for state, grant in zip(plans, answer.plans, strict=True):
             state.table = {m: r for m, r in grant.reports.items() if m != self.member}
             state.granted = Lease.from_components(grant.granted)
