@@ -103,7 +103,7 @@ def test_namespaced_operator_gets_a_role_and_the_flag() -> None:
     assert "--namespace=llm" in args
 
 
-def test_gateway_reads_the_compiled_config_shares_the_plan_and_uses_redis() -> None:
+def test_gateway_reads_the_compiled_config_leases_the_plan_and_uses_redis() -> None:
     docs = render(VALUE_CASES["redis-and-servicemonitors"])
 
     gateway = next(
@@ -112,8 +112,9 @@ def test_gateway_reads_the_compiled_config_shares_the_plan_and_uses_redis() -> N
     assert gateway["metadata"]["namespace"] == "kvpool-system"  # the release's, not the pools'
     container = gateway["spec"]["template"]["spec"]["containers"][0]
     assert "--configmap=llm" in container["args"]
-    assert "--plan-share=50" in container["args"]  # two replicas, each admits against half
+    assert not [a for a in container["args"] if "plan-share" in a]  # leases, by demand
     assert container["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {
             "name": "KVPOOL_REDIS_URL",
             "valueFrom": {"secretKeyRef": {"name": "kvpool-redis", "key": "redis-url"}},

@@ -48,9 +48,69 @@ def test_default_gateway_is_one_replica_with_memory_budgets_and_the_whole_plan()
     gateway = gateway_deployment(render())
 
     assert gateway["spec"]["replicas"] == 1
+    container = pod_spec(gateway)["containers"][0]
+    assert not any(a.startswith(("--redis", "--plan-share")) for a in container["args"])
+    pod_name = {e["name"]: e for e in container["env"]}["POD_NAME"]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert not by_kind(render(), "HorizontalPodAutoscaler")
+
+
+def test_several_replicas_lease_the_plan_instead_of_a_fixed_share() -> None:
+    """Before: the chart baked --plan-share=100/N into the args (50 with two replicas), so
+    skewed ingress got half the engines and N could not change without a new rollout."""
+    gateway = gateway_deployment(render({"gateway": {"replicas": 3, "redis": {"url": REDIS}}}))
     args = pod_spec(gateway)["containers"][0]["args"]
-    assert "--plan-share=100" in args
-    assert not any(a.startswith("--redis") for a in args)
+    assert not [a for a in args if a.startswith("--plan-share")], args
+
+
+def test_autoscaling_renders_an_hpa_that_owns_the_replica_count() -> None:
+    values = {
+        "gateway": {
+            "redis": {"existingSecret": "kvpool-redis"},
+            "autoscaling": {
+                "enabled": True,
+                "minReplicas": 2,
+                "maxReplicas": 6,
+                "targetInFlightPerReplica": "200",
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
+            },
+        }
+    }
+    docs = render(values)
+    assert "replicas" not in gateway_deployment(docs)["spec"]
+    (hpa,) = by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"]["name"] == gateway_deployment(docs)["metadata"]["name"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 6)
+    kinds = {m["type"]: m for m in spec["metrics"]}
+    assert kinds["Resource"]["resource"]["target"]["averageUtilization"] == 70
+    assert kinds["Pods"]["pods"]["metric"]["name"] == "kvpool_gateway_in_flight"
+    assert spec["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    kubernetes_validate.validate(hpa, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "redis", "message"),
+    [
+        pytest.param({}, "", "gateway.autoscaling needs Redis", id="no-redis"),
+        pytest.param(
+            {"minReplicas": 4, "maxReplicas": 2},
+            REDIS,
+            "maxReplicas \\(2\\) is below",
+            id="max-below-min",
+        ),
+        pytest.param(
+            {"targetCPUUtilizationPercentage": None}, REDIS, "has no metric", id="no-metric"
+        ),
+    ],
+)
+def test_chart_refuses_autoscaling_it_cannot_do_safely(
+    autoscaling: dict[str, Any], redis: str, message: str
+) -> None:
+    values = {"gateway": {"redis": {"url": redis}, "autoscaling": {"enabled": True, **autoscaling}}}
+    with pytest.raises(helm_python.HelmError, match=message):
+        render(values)
 
 
 @pytest.mark.parametrize(

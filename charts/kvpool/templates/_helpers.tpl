@@ -51,6 +51,15 @@ app.kubernetes.io/component: gateway
 {{- if and $g.redis.existingSecret $g.redis.url -}}
 {{- fail "set one of gateway.redis.existingSecret and gateway.redis.url, not both (the Secret is the place for a URL with a password)" -}}
 {{- end -}}
+{{- if and $g.enabled $g.autoscaling.enabled (not (include "kvpool.redisConfigured" .)) -}}
+{{- fail "gateway.autoscaling needs Redis: without it each replica keeps its own budgets and admits the whole plan. Set gateway.redis.existingSecret (a Secret holding the Redis URL) or gateway.redis.url, or set gateway.autoscaling.enabled=false" -}}
+{{- end -}}
+{{- if and $g.enabled $g.autoscaling.enabled (lt (int $g.autoscaling.maxReplicas) (int $g.autoscaling.minReplicas)) -}}
+{{- fail (printf "gateway.autoscaling.maxReplicas (%v) is below minReplicas (%v): set maxReplicas >= minReplicas" $g.autoscaling.maxReplicas $g.autoscaling.minReplicas) -}}
+{{- end -}}
+{{- if and $g.enabled $g.autoscaling.enabled (not $g.autoscaling.targetCPUUtilizationPercentage) (not $g.autoscaling.targetInFlightPerReplica) -}}
+{{- fail "gateway.autoscaling has no metric: set targetCPUUtilizationPercentage and/or targetInFlightPerReplica" -}}
+{{- end -}}
 {{- if and $g.enabled (gt (int $g.replicas) 1) (not (include "kvpool.redisConfigured" .)) -}}
 {{- fail (printf "gateway.replicas is %v but budgets are kept in memory: each replica would grant every tenant its whole budget. Set gateway.redis.existingSecret (a Secret holding the Redis URL) or gateway.redis.url, or set gateway.replicas=1" $g.replicas) -}}
 {{- end -}}

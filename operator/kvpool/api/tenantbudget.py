@@ -149,8 +149,8 @@ class TenantBudgetSpec(ApiModel):
         ge=1,
         description=(
             "Most requests of this tenant in flight at once in each pool (and, during a "
-            "rollout, on each of its tracks). With N gateway replicas each one enforces "
-            "its plan share (--plan-share, 100/N percent) of it, at least 1."
+            "rollout, on each of its tracks). Several gateway replicas lease it by demand "
+            "(docs/0008): together they never allow more."
         ),
     )
     weight: int = Field(

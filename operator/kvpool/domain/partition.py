@@ -2,8 +2,10 @@
 
 Why it exists: admission state (reservations, queues) lives in each gateway process.
 With N gateway replicas behind one Service, each admitting against the *whole* plan
-would let the engines be committed up to N times over. Until admission state is shared,
-each replica enforces an equal share of the plan (``--plan-share``, 100/N percent): its
+would let the engines be committed up to N times over. Replicas sharing a Redis lease the
+plan by demand (:mod:`kvpool.domain.lease`, docs/0008); this module is the static
+alternative, an explicit ``--plan-share`` (and the equal split leases fall back to while
+Redis is down): each replica enforces an equal share of the plan (100/N percent): its
 floors, lendable parts, shared remainder and per-replica capacity are all scaled, so the
 sum over the gateway replicas never exceeds the plan. The cost is rounding (each share is
 floored) and imperfect use when traffic is unevenly spread over the gateway replicas;

@@ -71,7 +71,8 @@ class CapacityShare(Protocol):
 
 @dataclass(frozen=True)
 class StaticShare:
-    """A fixed percent of every plan (``--plan-share``: 100/N with N gateway replicas)."""
+    """A fixed percent of every plan: ``--plan-share`` (an explicit override of leases), or
+    100 for a gateway without Redis (one replica)."""
 
     percent: int = 100
 

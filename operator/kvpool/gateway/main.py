@@ -333,7 +333,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=seconds_or_zero,
         default=0.25,
         help="seconds between polls of each engine's /metrics by all gateway replicas "
-        "together: with --plan-share 100/N each polls every N times this (0: never poll)",
+        "together: with N live replicas (or --plan-share 100/N) each polls every N times "
+        "this (0: never poll)",
     )
     parser.add_argument(
         "--borrow-pause-usage",
