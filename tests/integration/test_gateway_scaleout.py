@@ -141,6 +141,18 @@ async def both_members(*gateways: GatewayProcess) -> None:
         )
 
 
+async def renewals_after(gateway: GatewayProcess, count: int, result: str = "ok") -> None:
+    """Wait until ``gateway`` has made ``count`` more renewals with ``result`` (evidence
+    that it renewed, instead of a guessed sleep)."""
+    name = "kvpool_gateway_lease_renewals_total"
+    start = await metric(gateway, name, result=result) or 0.0
+    await wait_until_async(
+        lambda: _above(metric(gateway, name, result=result), start + count - 1),
+        10,
+        f"{count} more {result} renewals of {gateway.url}",
+    )
+
+
 async def in_flight_reaches(engine: FakeEngine, count: int, timeout: float, what: str) -> float:
     """Seconds until the engine has ``count`` requests in flight."""
     loop = asyncio.get_running_loop()
@@ -245,7 +257,7 @@ async def test_a_replica_that_joins_gets_capacity_only_as_it_is_released(
     b = await replicas()
     b_requests = traffic.batch(b, 4)
     await both_members(a, b)
-    await asyncio.sleep(0.5)  # five lease periods: b renews and is granted nothing
+    await renewals_after(b, 5)  # b renews five times and is granted nothing
     assert engine.in_flight == SLOTS and engine.max_in_flight == SLOTS
     assert engine.hold is not None
     engine.hold.set()  # a's requests end (and b's, once they start)
@@ -261,7 +273,11 @@ async def test_a_killed_replica_gives_its_capacity_back_within_its_ttl(
     traffic.batch(a, SLOTS)
     await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
     traffic.batch(b, 4)
-    await asyncio.sleep(0.3)
+    await wait_until_async(
+        lambda: _above(metric(b, "kvpool_gateway_queued_requests", tier="batch"), 3),
+        10,
+        "b's 4 requests wait",
+    )
     assert engine.in_flight == SLOTS
     loop = asyncio.get_running_loop()
     killed = loop.time()
@@ -288,7 +304,7 @@ async def test_redis_down_keeps_admitting_on_the_equal_split_then_leases_again(
     traffic.batch(a, 2 * SLOTS)
     # fail-static: a admits its equal half of the plan, never the whole plan
     await in_flight_reaches(engine, SLOTS // 2, 10, "a admits on its equal split")
-    await asyncio.sleep(0.5)
+    await renewals_after(a, 5, result="error")  # a keeps trying; Redis still down
     assert engine.in_flight == SLOTS // 2, f"{engine.in_flight} in flight with Redis down"
     redis.start()
     await wait_until_async(
@@ -322,7 +338,7 @@ async def test_a_replica_stopped_past_its_lease_does_not_admit_on_it_when_it_res
         await asyncio.sleep(0.3)
     finally:
         os.kill(a.process.pid, signal.SIGCONT)
-    await asyncio.sleep(1.0)  # a resumed and renewed (ten lease periods)
+    await renewals_after(a, 3)  # a resumed and renewed
     started = len(engine.received) - SLOTS
     assert started == 0, f"a started {started} request(s) on its expired lease"
     assert engine.max_in_flight == SLOTS

@@ -78,11 +78,13 @@ def kvpool_exported_names() -> set[str]:
     """The series the gateway and the operator export today (from their registries)."""
     from kvpool.controller.metrics import OperatorMetrics
     from kvpool.gateway.ejection import ReplicaEjector
+    from kvpool.gateway.leases import LeaseMetrics
     from kvpool.gateway.metrics import GatewayMetrics
 
     gateway = GatewayMetrics()
     gateway.watch_snapshots(list)  # the scrape-time tier gauges
     ReplicaEjector(gateway, dict)  # registers the outlier-ejection series on the registry
+    LeaseMetrics(gateway)  # the capacity-lease series (replicas sharing a Redis)
     return exported_names(gateway.registry) | exported_names(OperatorMetrics().registry)
 
 

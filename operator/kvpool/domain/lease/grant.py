@@ -4,7 +4,7 @@ Why this module exists: every replica computes its *desired* lease from the tabl
 reports its last renewal returned (:func:`~kvpool.domain.lease.allocation.plan_leases`),
 and tables differ by a renewal or two between replicas. So a desired lease is only a
 wish: the grant, executed atomically in Redis with the claims of every live replica
-(adapters/lease_store.lua does exactly this; this function is its reference model, and a
+(adapters/lease/renew.lua does exactly this; this function is its reference model, and a
 test runs both on the same random inputs), gives each component at most what the other
 replicas do not claim:
 

@@ -1,0 +1,626 @@
+"""Do gateway replicas sharing a Redis admit as one replica would, whatever the balancer does?
+
+Why this benchmark exists: issue 15. With a static ``--plan-share 100/N`` two replicas with
+skewed ingress delivered half the output and starved a tier; capacity leases
+(docs/0008) should deliver what one replica does. One real vLLM engine on CPU (the tiny
+model, 2,048 KV tokens, 8 sequences, priority scheduling, pinned to core 0; everything
+else on core 1), one Redis, and the examples' three tiers with the plan that the planner
+makes from manifests (bench/bench_manifests.py, never a hand-written config):
+
+- ``one``                one replica serving everything (the baseline of every ratio);
+- ``two-skewed``         two replicas: chat reaches r1, batch and eval reach r0;
+- ``two-90-10``          two replicas: every request to r0 with 90 % probability;
+- ``four-skewed``        four: chat to r3, batch to r0 and r1, eval to r2;
+- ``four-70-10``         four: 70 / 10 / 10 / 10 of every tenant's requests;
+- ``two-skewed-static``  two-skewed with the old chart's ``--plan-share 50`` (what leases
+                         replace).
+
+Scenarios run in interleaved rounds (shuffled each round; the replicas start afresh each
+round, one Redis for the whole run). Traffic: Poisson chat sessions (streamed, 16 tokens),
+a closed-loop batch flood and eval workers (the mix's lengths), no caller priority (the
+gateway sets it). Per scenario: total output tok/s and by tier, chat TTFT p50 / p95 / p99
+(bootstrap 95 % interval of the p95 ratio to ``one``), the spread of per-round p95s,
+preemptions, and two sampled witnesses of the invariant "the replicas together never admit
+more than the plan": the largest sum of the replicas' in-use slots (scraped every 0.25 s)
+and the largest running + waiting count on the engine (``one`` shows what a single
+replica does; a ``Preempt`` floor may put more than the plan on the engine by design).
+The lease cost: renewals per second per replica, the renewal round trip p50 / p99, and
+Redis commands per second per replica.
+
+Then a faults run (two replicas, skewed; no ratio): r0 SIGKILLed at a third (its clients
+move to r1, as a Service does when the endpoint goes), r2 started at two thirds (a third
+of the traffic moves to it); the seconds until the engine runs as many sequences as
+before the kill, and until r2's first request streams.
+
+    .venv/bin/python bench/scaleout.py            # 3 rounds of 25 s a scenario (~12 min)
+    .venv/bin/python bench/scaleout.py --quick    # 1 round of 10 s (~4 min)
+
+Prints a table and writes bench/results/scaleout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.engine import EngineConfig, VllmEngine
+from tests.support.gateway import GatewayProcess
+from tests.support.redis_server import RedisServer
+from tests.support.tiny_model import tiny_model_dir
+
+from bench_manifests import KV_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS, BenchPlan, compile_mix
+from benchkit import (
+    bootstrap_ratio_interval,
+    fetch_text,
+    histogram_buckets,
+    machine_info,
+    metric_sums,
+    percentile,
+    pin_process,
+    wait_engine_idle,
+    words_text,
+    write_results,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "scaleout.json"
+ENGINE_CORE, CLIENT_CORE = 0, 1
+TIERS = ("interactive", "batch", "eval")
+WORDS = ["the", "model", "token", "cache", "tier", "floor", "engine", "batch", "queue", "lease"]
+LEASE_ARGS = ("--no-access-log", "--lease-period", "0.1", "--lease-ttl", "3")
+
+
+# --- scenarios: how many replicas, and where each request goes ----------------------------
+
+Route = Callable[[str, random.Random], int]  # (tier, rng) -> replica index
+
+
+def by_tier(mapping: dict[str, tuple[int, ...]]) -> Route:
+    return lambda tier, rng: rng.choice(mapping[tier])
+
+
+def weighted(weights: tuple[float, ...]) -> Route:
+    return lambda _tier, rng: rng.choices(range(len(weights)), weights)[0]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    replicas: int
+    route: Route
+    static_share: int | None = None  # --plan-share (the old chart), else leases
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("one", 1, lambda _t, _r: 0),
+        Scenario("two-skewed", 2, by_tier({"interactive": (1,), "batch": (0,), "eval": (0,)})),
+        Scenario("two-90-10", 2, weighted((0.9, 0.1))),
+        Scenario("four-skewed", 4, by_tier({"interactive": (3,), "batch": (0, 1), "eval": (2,)})),
+        Scenario("four-70-10", 4, weighted((0.7, 0.1, 0.1, 0.1))),
+        Scenario(
+            "two-skewed-static",
+            2,
+            by_tier({"interactive": (1,), "batch": (0,), "eval": (0,)}),
+            static_share=50,
+        ),
+    )
+}
+
+
+# --- what one scenario measured ------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    ttft_ms: list[float] = field(default_factory=list)
+    round_p95_ms: list[float] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    errors: int = 0
+    seconds: float = 0.0
+    preemptions: float = 0.0
+    max_in_use_slots: float = 0.0  # largest sum over replicas of in-use slots (sampled)
+    max_in_use_tokens: float = 0.0  # largest sum over replicas of in-use KV tokens (sampled)
+    max_engine_sequences: float = 0.0  # largest running + waiting on the engine (sampled)
+    renewals: float = 0.0  # lease renewals, summed over replicas
+    replica_seconds: float = 0.0  # replicas x seconds (for the per-replica rates)
+    redis_commands: float = 0.0
+    renewal_buckets: dict[str, float] = field(default_factory=dict)
+    gateway_cpu_seconds: float = 0.0  # user + system CPU of the replicas, summed
+
+
+@dataclass
+class Load:
+    """Traffic of one round: chat sessions on a Poisson schedule, batch and eval loops."""
+
+    plan: BenchPlan
+    urls: list[str]  # the replicas, in index order (a killed one is replaced by None)
+    route: Route
+    tally: Tally
+    stop_at: float
+    rng: random.Random
+    moved: dict[int, int] = field(default_factory=dict)  # a dead replica -> where its clients go
+    first_ok_at: dict[int, float] = field(default_factory=dict)  # replica -> first 200 (mono)
+
+    def target(self, tier: str, rng: random.Random) -> int:
+        index = self.route(tier, rng)
+        while index in self.moved:
+            index = self.moved[index]
+        return index
+
+    async def request(self, session: aiohttp.ClientSession, tier: str, rng: random.Random) -> None:
+        mix = self.plan.mix
+        index = self.target(tier, rng)
+        if tier == "interactive":
+            path, words, max_tokens = "/v1/chat/completions", mix.chat_first_words, 16
+        elif tier == "batch":
+            path, max_tokens = "/v1/completions", mix.batch_max_tokens
+            words = rng.randint(*mix.batch_prompt_words)
+        else:
+            path, max_tokens = "/v1/completions", mix.eval_max_tokens
+            words = rng.randint(*mix.eval_prompt_words)
+        prompt = words_text(rng, words, WORDS)
+        body: dict[str, Any] = {
+            "model": "tiny",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        if tier == "interactive":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        headers = {"Authorization": f"Bearer {self.plan.keys[tier]}"}
+        sent = time.perf_counter()
+        first: float | None = None
+        count = 0
+        try:
+            timeout = aiohttp.ClientTimeout(total=max(1.0, self.stop_at - time.monotonic() + 20))
+            async with session.post(
+                self.urls[index] + path, json=body, headers=headers, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    await resp.read()
+                    self.tally.refused[tier] += 1
+                    await asyncio.sleep(min(float(resp.headers.get("Retry-After", "1")), 0.5))
+                    return
+                async for line in resp.content:
+                    if line.startswith(b"data: {") and (b'"content"' in line or b'"text"' in line):
+                        count += 1
+                        if first is None:
+                            first = time.perf_counter()
+                            self.first_ok_at.setdefault(index, time.monotonic())
+        except (aiohttp.ClientError, TimeoutError):
+            self.tally.errors += 1
+            await asyncio.sleep(0.2)
+            return
+        self.tally.tokens[tier] += count
+        if tier == "interactive" and first is not None:
+            self.tally.ttft_ms.append((first - sent) * 1000)
+
+    async def chats(self, session: aiohttp.ClientSession, rate: float) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        rng = random.Random(self.rng.random())
+        next_at = time.monotonic()
+        while True:
+            next_at += rng.expovariate(rate)
+            if next_at >= self.stop_at:
+                break
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            tasks.append(asyncio.create_task(self.request(session, "interactive", rng)))
+        await asyncio.gather(*tasks)
+
+    async def worker(self, session: aiohttp.ClientSession, tier: str, seed: float) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < self.stop_at:
+            await self.request(session, tier, rng)
+
+
+# --- sampling the witnesses ----------------------------------------------------------------
+
+
+def in_use(text: str) -> tuple[float, float]:
+    """A replica's in-use slots and KV tokens, summed over tiers (its /metrics)."""
+    slots = tokens = 0.0
+    for line in text.splitlines():
+        if 'kind="in_use"' not in line:
+            continue
+        if line.startswith("kvpool_gateway_tier_slots{"):
+            slots += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("kvpool_gateway_tier_tokens{"):
+            tokens += float(line.rsplit(" ", 1)[1])
+    return slots, tokens
+
+
+async def sample(
+    session: aiohttp.ClientSession,
+    engine: VllmEngine,
+    metrics: list[str],
+    tally: Tally,
+    stop: asyncio.Event,
+) -> None:
+    """Every 0.25 s: the sum of the replicas' in-use slots and the engine's sequences."""
+    while not stop.is_set():
+        texts = await asyncio.gather(
+            *(fetch_text(session, url) for url in metrics), return_exceptions=True
+        )
+        used = [in_use(t) for t in texts if isinstance(t, str)]
+        tally.max_in_use_slots = max(tally.max_in_use_slots, sum(u[0] for u in used))
+        tally.max_in_use_tokens = max(tally.max_in_use_tokens, sum(u[1] for u in used))
+        try:
+            sums = metric_sums(await fetch_text(session, engine.metrics_url))
+        except (aiohttp.ClientError, TimeoutError):
+            sums = {}
+        sequences = sums.get("vllm:num_requests_running", 0) + sums.get(
+            "vllm:num_requests_waiting", 0
+        )
+        tally.max_engine_sequences = max(tally.max_engine_sequences, sequences)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.25)
+
+
+# --- a round ---------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_gateway(
+    plan: BenchPlan, redis: RedisServer, workdir: Path, name: str, share: int | None
+) -> GatewayProcess:
+    extra = LEASE_ARGS + (("--plan-share", str(share)) if share is not None else ())
+    gateway = GatewayProcess(
+        plan.config_path, workdir / f"gateway-{name}.log", redis_url=redis.url, extra_args=extra
+    )
+    return gateway.start(timeout=30)
+
+
+async def redis_commands(redis: RedisServer) -> float:
+    client = aioredis.from_url(redis.url)
+    try:
+        info = await client.info("stats")
+        return float(info["total_commands_processed"])
+    finally:
+        await client.aclose()
+
+
+async def run_round(
+    scenario: Scenario,
+    plan: BenchPlan,
+    engine: VllmEngine,
+    redis: RedisServer,
+    args: argparse.Namespace,
+    tally: Tally,
+    workdir: Path,
+    seed: int,
+) -> None:
+    gateways = await asyncio.gather(
+        *(
+            asyncio.to_thread(
+                start_gateway, plan, redis, workdir, f"{scenario.name}-{i}", scenario.static_share
+            )
+            for i in range(scenario.replicas)
+        )
+    )
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await wait_engine_idle(session, engine.metrics_url, 60)
+            before = metric_sums(await fetch_text(session, engine.metrics_url))
+            gw_before = [await fetch_text(session, g.metrics_url) for g in gateways]
+            commands = await redis_commands(redis)
+            cpu = sum(cpu_seconds(g.process.pid) for g in gateways)
+            started = time.monotonic()
+            load = Load(
+                plan,
+                [g.url for g in gateways],
+                scenario.route,
+                tally,
+                started + args.seconds,
+                random.Random(seed),
+            )
+            round_start = len(tally.ttft_ms)
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(
+                sample(session, engine, [g.metrics_url for g in gateways], tally, stop)
+            )
+            jobs = [load.chats(session, args.chat_rate)]
+            jobs += [load.worker(session, "batch", seed * 100 + i) for i in range(args.batch)]
+            jobs += [load.worker(session, "eval", seed * 200 + i) for i in range(args.eval)]
+            await asyncio.gather(*jobs)
+            elapsed = time.monotonic() - started
+            stop.set()
+            await sampler
+            tally.gateway_cpu_seconds += sum(cpu_seconds(g.process.pid) for g in gateways) - cpu
+            gw_after = [await fetch_text(session, g.metrics_url) for g in gateways]
+            tally.redis_commands += await redis_commands(redis) - commands
+            await wait_engine_idle(session, engine.metrics_url, 60)
+            after = metric_sums(await fetch_text(session, engine.metrics_url))
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(g.stop) for g in gateways))
+    tally.seconds += elapsed
+    tally.replica_seconds += elapsed * scenario.replicas
+    tally.preemptions += after.get("vllm:num_preemptions_total", 0) - before.get(
+        "vllm:num_preemptions_total", 0
+    )
+    round_p95 = percentile(tally.ttft_ms[round_start:], 95)
+    if round_p95 is not None:
+        tally.round_p95_ms.append(round_p95)
+    for b_text, a_text in zip(gw_before, gw_after, strict=True):
+        b, a = metric_sums(b_text), metric_sums(a_text)
+        tally.renewals += a.get("kvpool_gateway_lease_renewals_total", 0) - b.get(
+            "kvpool_gateway_lease_renewals_total", 0
+        )
+        hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
+        for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
+            tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
+
+
+def bucket_quantile(buckets: dict[str, float], q: float) -> float | None:
+    """The upper bound of the bucket holding the ``q`` quantile (an upper estimate)."""
+    if not buckets:
+        return None
+    ordered = sorted(buckets.items(), key=lambda kv: float(kv[0]))
+    total = ordered[-1][1]
+    if total <= 0:
+        return None
+    for le, count in ordered:
+        if count >= q * total:
+            return float(le)
+    return None
+
+
+def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
+    output = sum(tally.tokens.values())
+    row: dict[str, Any] = {
+        "output_tokens_per_s": round(output / tally.seconds, 1) if tally.seconds else 0.0,
+        "share_by_tier": {t: round(tally.tokens[t] / output, 3) if output else 0.0 for t in TIERS},
+        "chats": len(tally.ttft_ms),
+        "chat_ttft_p50_ms": _r(percentile(tally.ttft_ms, 50)),
+        "chat_ttft_p95_ms": _r(percentile(tally.ttft_ms, 95)),
+        "chat_ttft_p99_ms": _r(percentile(tally.ttft_ms, 99)),
+        "round_p95_ms": [_r(v) for v in tally.round_p95_ms],
+        "refused": tally.refused,
+        "errors": tally.errors,
+        "preemptions": int(tally.preemptions),
+        "max_sum_in_use_slots": tally.max_in_use_slots,
+        "max_sum_in_use_tokens": tally.max_in_use_tokens,
+        "max_engine_sequences": tally.max_engine_sequences,
+        "renewals_per_s_per_replica": _r(tally.renewals / tally.replica_seconds)
+        if tally.replica_seconds
+        else None,
+        "redis_commands_per_s_per_replica": _r(tally.redis_commands / tally.replica_seconds)
+        if tally.replica_seconds
+        else None,
+        "gateway_cpu_percent_per_replica": _r(
+            100 * tally.gateway_cpu_seconds / tally.replica_seconds
+        )
+        if tally.replica_seconds
+        else None,
+        "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
+        "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
+    }
+    if baseline is not None and baseline.seconds and sum(baseline.tokens.values()):
+        base_rate = sum(baseline.tokens.values()) / baseline.seconds
+        row["output_vs_one"] = round(output / tally.seconds / base_rate, 3)
+        p95, base_p95 = percentile(tally.ttft_ms, 95), percentile(baseline.ttft_ms, 95)
+        row["chat_p95_vs_one"] = _r(p95 / base_p95) if p95 and base_p95 else None
+        row["chat_p95_vs_one_interval"] = bootstrap_ratio_interval(
+            tally.ttft_ms, baseline.ttft_ms, 95
+        )
+    return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+async def faults(
+    plan: BenchPlan, engine: VllmEngine, redis: RedisServer, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """Two replicas (chat to r1, batch and eval to r0); r0 SIGKILLed at a third, r2 added
+    at two thirds (a third of every tier's traffic)."""
+    seconds = max(30.0, args.seconds * 1.5)
+    r0, r1 = await asyncio.gather(
+        *(
+            asyncio.to_thread(start_gateway, plan, redis, workdir, f"faults-{i}", None)
+            for i in (0, 1)
+        )
+    )
+    gateways = [r0, r1]
+    tally = Tally()
+    result: dict[str, Any] = {}
+    route = SCENARIOS["two-skewed"].route
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await wait_engine_idle(session, engine.metrics_url, 60)
+            started = time.monotonic()
+            load = Load(plan, [r0.url, r1.url], route, tally, started + seconds, random.Random(5))
+            jobs = [load.chats(session, args.chat_rate)]
+            jobs += [load.worker(session, "batch", 900 + i) for i in range(args.batch)]
+            jobs += [load.worker(session, "eval", 950 + i) for i in range(args.eval)]
+            running = asyncio.gather(*jobs)
+
+            async def engine_sequences() -> float:
+                sums = metric_sums(await fetch_text(session, engine.metrics_url))
+                return sums.get("vllm:num_requests_running", 0)
+
+            await asyncio.sleep(seconds / 3)
+            level = max([await engine_sequences() for _ in range(3)])
+            killed = time.monotonic()
+            os.kill(r0.process.pid, signal.SIGKILL)
+            load.moved[0] = 1  # r0's clients reconnect to r1 (the Service drops the endpoint)
+            recovered = None
+            while time.monotonic() - killed < 15:
+                if await engine_sequences() >= level:
+                    recovered = time.monotonic() - killed
+                    break
+                await asyncio.sleep(0.05)
+            result["sigkill"] = {"running_before": level, "seconds_to_same_running": _r(recovered)}
+            await asyncio.sleep(max(0.0, started + 2 * seconds / 3 - time.monotonic()))
+            r2 = await asyncio.to_thread(start_gateway, plan, redis, workdir, "faults-2", None)
+            gateways.append(r2)
+            load.urls.append(r2.url)
+            joined = time.monotonic()
+            load.route = lambda tier, rng: 2 if rng.random() < 1 / 3 else route(tier, rng)
+            while 2 not in load.first_ok_at and time.monotonic() - joined < 15:
+                await asyncio.sleep(0.02)
+            first = load.first_ok_at.get(2)
+            result["join"] = {"seconds_to_first_stream": _r(first - joined if first else None)}
+            await running
+    finally:
+        for gateway in gateways:
+            await asyncio.to_thread(gateway.stop)
+    result["errors"] = tally.errors
+    result["refused"] = tally.refused
+    return result
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def start_engine(workdir: Path) -> VllmEngine:
+    config = EngineConfig(
+        model_dir=tiny_model_dir(),
+        served_model_name="tiny",
+        kv_cache_memory_bytes=KV_TOKENS * 1024,
+        block_size=32,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        scheduling_policy="priority",
+        extra_args=("--no-enable-prefix-caching",),
+        extra_env={"VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CORE)},
+    )
+    return VllmEngine(config, log_path=workdir / "vllm.log").start()
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    os.sched_setaffinity(0, {ENGINE_CORE})  # the engine inherits this
+    engine = await asyncio.to_thread(start_engine, workdir)
+    pin_process({CLIENT_CORE})  # the load generator, Redis and the gateways
+    redis = RedisServer(workdir / "redis").start()
+    plan = compile_mix(
+        args.mix,
+        {"tiny": [engine.base_url]},
+        workdir,
+        tokenizer_path=tiny_model_dir() / "tokenizer.json",
+    )
+    print(plan.describe(), flush=True)
+    names = [n for n in SCENARIOS if n in args.scenarios]
+    tallies = {n: Tally() for n in names}
+    try:
+        order = list(names)
+        shuffle = random.Random(args.seed)
+        for round_index in range(args.rounds):
+            shuffle.shuffle(order)
+            for name in order:
+                print(f"round {round_index + 1}/{args.rounds}: {name}", flush=True)
+                await run_round(
+                    SCENARIOS[name],
+                    plan,
+                    engine,
+                    redis,
+                    args,
+                    tallies[name],
+                    workdir,
+                    args.seed + round_index,
+                )
+        fault_result = await faults(plan, engine, redis, args, workdir) if args.faults else None
+    finally:
+        redis.stop()
+        await asyncio.to_thread(engine.stop)
+    baseline = tallies.get("one")
+    return {
+        "plan": plan.planned(),
+        "scenarios": {n: summarise(tallies[n], baseline if n != "one" else None) for n in names},
+        "faults": fault_result,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"\nplan: {result['plan']}")
+    header = (
+        f"{'scenario':19} {'tok/s':>7} {'x one':>6} {'int/bat/eval %':>15} {'p50':>6} {'p95':>6}"
+        f" {'p99':>6} {'p95 rounds':>14} {'preempt':>7} {'Σslots':>6} {'Σtok':>5} {'eng':>4}"
+        f" {'ren/s':>6} {'rtt99':>6} {'cpu%':>5}"
+    )
+    print(header)
+    for name, row in result["scenarios"].items():
+        share = "/".join(f"{100 * row['share_by_tier'][t]:.0f}" for t in TIERS)
+        rounds = row["round_p95_ms"]
+        spread = f"{min(rounds):.0f}-{max(rounds):.0f}" if rounds else "-"
+        print(
+            f"{name:19} {row['output_tokens_per_s']:7.0f} {row.get('output_vs_one', 1.0):6.2f}"
+            f" {share:>15} {row['chat_ttft_p50_ms'] or 0:6.0f} {row['chat_ttft_p95_ms'] or 0:6.0f}"
+            f" {row['chat_ttft_p99_ms'] or 0:6.0f} {spread:>14} {row['preemptions']:7d}"
+            f" {row['max_sum_in_use_slots']:6.0f} {row['max_sum_in_use_tokens']:5.0f}"
+            f" {row['max_engine_sequences']:4.0f}"
+            f" {row['renewals_per_s_per_replica'] or 0:6.1f} {row['renewal_p99_ms'] or 0:6.1f}"
+            f" {row['gateway_cpu_percent_per_replica'] or 0:5.0f}"
+        )
+    if result.get("faults"):
+        print(f"faults: {result['faults']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="1 round of 10 s a scenario")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=25.0, help="a round of a scenario")
+    parser.add_argument("--mix", default="examples", choices=("examples", "long-prompt"))
+    parser.add_argument("--chat-rate", type=float, default=4.0, help="chats per second")
+    parser.add_argument("--batch", type=int, default=8, help="batch workers (closed loop)")
+    parser.add_argument("--eval", type=int, default=3, help="eval workers (closed loop)")
+    parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
+    parser.add_argument("--no-faults", dest="faults", action="store_false")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 10.0
+        if args.output == RESULTS:
+            args.output = RESULTS.with_name("scaleout-quick.json")
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario(s) {sorted(unknown)}: choose from {list(SCENARIOS)}")
+    if (os.cpu_count() or 1) < 2:
+        parser.error("needs two cores: the engine on one, gateways and load on the other")
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="kvpool-scaleout-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    result["args"] = {k: str(v) for k, v in vars(args).items()}
+    result["machine"] = machine_info(load_before)
+    print_table(result)
+    path = write_results(args.output, result)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
