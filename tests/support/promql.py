@@ -78,7 +78,7 @@ def kvpool_exported_names() -> set[str]:
     """The series the gateway and the operator export today (from their registries)."""
     from kvpool.controller.metrics import OperatorMetrics
     from kvpool.gateway.ejection import ReplicaEjector
-    from kvpool.gateway.leases import LeaseMetrics
+    from kvpool.gateway.lease_metrics import LeaseMetrics
     from kvpool.gateway.metrics import GatewayMetrics
 
     gateway = GatewayMetrics()

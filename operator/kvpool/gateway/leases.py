@@ -36,11 +36,8 @@ import logging
 import os
 import random
 import socket
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-from prometheus_client import Counter, Gauge, Histogram
 
 from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
 from kvpool.api.admission_config import (
@@ -65,16 +62,16 @@ from kvpool.domain.lease import (
     plan_leases,
     shrunk,
 )
-from kvpool.domain.lease.model import held_components, report_of
+from kvpool.domain.lease.model import held_components, report_of, shrink_to, smaller_somewhere
+from kvpool.domain.lease.peaks import PeakWindow
 from kvpool.domain.routing import CANARY, STABLE, build_track_pool
+from kvpool.gateway.lease_metrics import LeaseMetrics
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pool_runtime import PoolRuntime
 
 log = logging.getLogger("kvpool.gateway")
 
-PEAK_WINDOW_SECONDS = 5.0  # a tier's "peak" demand: the largest of this long
 MIN_GAP_SECONDS = 0.01  # renewals never come closer than this (nudges, waits)
-RENEWAL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
 def default_member_id() -> str:
@@ -82,68 +79,6 @@ def default_member_id() -> str:
     with a random suffix so that a restarted process is a new member."""
     base = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     return f"{base}-{random.getrandbits(24):06x}"
-
-
-class LeaseMetrics:
-    """The lease series (``kvpool_gateway_lease_*``), in the gateway's registry."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        r, p = metrics.registry, "kvpool_gateway_lease_"
-        self.mode = Gauge(
-            p + "mode", "1 for the lease mode this replica admits in.", ["mode"], registry=r
-        )
-        self.members = Gauge(p + "members", "Live gateway replicas (last renewal).", registry=r)
-        self.age = Gauge(
-            p + "age_seconds", "Seconds since the last renewal that Redis answered.", registry=r
-        )
-        self.capacity = Gauge(
-            p + "capacity",
-            "What this replica may admit per plan: kind floor (per tier), shared, loan, "
-            "total; dimension tokens or slots.",
-            ["pool", "track", "tier", "kind", "dimension"],
-            registry=r,
-        )
-        self.handovers = Counter(
-            p + "handovers_total",
-            "Lease changes of this replica by pool: grew (capacity taken over) or shrank "
-            "(given up).",
-            ["pool", "direction"],
-            registry=r,
-        )
-        self.renewals = Counter(
-            p + "renewals_total", "Lease renewals by result (ok, error).", ["result"], registry=r
-        )
-        self.renewal_seconds = Histogram(
-            p + "renewal_seconds",
-            "Round trip of one renewal (the Redis script).",
-            buckets=RENEWAL_BUCKETS,
-            registry=r,
-        )
-
-
-class _Peaks:
-    """The largest value of each key over the last ``window`` seconds."""
-
-    def __init__(self, window: float = PEAK_WINDOW_SECONDS) -> None:
-        self.window = window
-        self._samples: dict[str, deque[tuple[float, Amount]]] = {}
-
-    def observe(self, now: float, values: dict[str, Amount]) -> dict[str, Amount]:
-        out: dict[str, Amount] = {}
-        for key in set(values) | set(self._samples):
-            samples = self._samples.setdefault(key, deque())
-            if key in values:
-                samples.append((now, values[key]))
-            while samples and samples[0][0] < now - self.window:
-                samples.popleft()
-            if not samples:
-                del self._samples[key]
-                continue
-            peak = ZERO
-            for _, value in samples:
-                peak = peak.max(value)
-            out[key] = peak
-        return out
 
 
 @dataclass
@@ -156,8 +91,8 @@ class _Plan:
     plan: LeasePlan  # its leasable components (all limited tenants)
     lease: Lease = field(default_factory=Lease)
     table: dict[str, Report] = field(default_factory=dict)  # the others' last reports
-    peaks: _Peaks = field(default_factory=_Peaks)
-    tenant_peaks: _Peaks = field(default_factory=_Peaks)
+    peaks: PeakWindow = field(default_factory=PeakWindow)
+    tenant_peaks: PeakWindow = field(default_factory=PeakWindow)
     granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
     claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
 
@@ -339,7 +274,7 @@ class LeaseKeeper:
         for state in plans:
             report = self._report(state, now)
             desired = self._desired(state, report)
-            smaller = _shrink(state.lease, desired)
+            smaller = shrink_to(state.lease, desired)
             if smaller != state.lease:
                 state.lease, gave_up = smaller, True
                 self._refresh(state.pool)  # give it up here before Redis hands it out
@@ -383,9 +318,9 @@ class LeaseKeeper:
             state.table = {m: r for m, r in grant.reports.items() if m != self.member}
             state.granted = Lease.from_components(grant.granted)
             state.claim = grant.claim
-            if _smaller_somewhere(state.granted, state.lease):
+            if smaller_somewhere(state.granted, state.lease):
                 gave_up = True
-            self._count_handover(state, state.lease, state.granted)
+            self.metrics.count_handover(state.pool, state.lease, state.granted)
             state.lease = state.granted
         self._update_mode(loop.time())
         return gave_up
@@ -498,7 +433,7 @@ class LeaseKeeper:
             runtime.on_queued = self.wake
             effective = self._effective(state)
             runtime.set_tenant_limits(state.track, self._tenant_shares(state, effective))
-            self._export(state, effective)
+            self.metrics.export_lease(state.pool, state.track, state.plan.tiers, effective)
         for runtime in runtimes.values():
             runtime.set_admission_until(until)
         if self._last_ok is not None:
@@ -512,24 +447,6 @@ class LeaseKeeper:
                 return dict(equal)
             return {t: min(v, lease.tenants.get(t, v)) for t, v in equal.items()}
         return dict(lease.tenants)
-
-    def _export(self, state: _Plan, lease: Lease) -> None:
-        labels = (state.pool, state.track)
-        for tier in state.plan.tiers:
-            floor = lease.floors.get(tier, ZERO)
-            self.metrics.capacity.labels(*labels, tier, "floor", "tokens").set(floor.tokens)
-            self.metrics.capacity.labels(*labels, tier, "floor", "slots").set(floor.slots)
-        loans = sum(lease.loans.values(), ZERO)
-        for kind, amount in (("shared", lease.shared), ("loan", loans), ("total", lease.total)):
-            self.metrics.capacity.labels(*labels, "", kind, "tokens").set(amount.tokens)
-            self.metrics.capacity.labels(*labels, "", kind, "slots").set(amount.slots)
-
-    def _count_handover(self, state: _Plan, before: Lease, after: Lease) -> None:
-        b, a = before.total, after.total
-        if a.tokens > b.tokens or a.slots > b.slots:
-            self.metrics.handovers.labels(state.pool, "grew").inc()
-        if a.tokens < b.tokens or a.slots < b.slots:
-            self.metrics.handovers.labels(state.pool, "shrank").inc()
 
     @staticmethod
     def _track_views(pool: CompiledPool) -> dict[str, CompiledPool]:
@@ -548,14 +465,3 @@ _MODE_NOTES = {
     "admitting nothing until Redis answers",
     LeaseMode.LEASED: "",
 }
-
-
-def _shrink(lease: Lease, desired: Lease) -> Lease:
-    """Component-wise minimum of the current and the desired lease."""
-    mine, want = lease.components(), desired.components()
-    return Lease.from_components({c: min(v, want.get(c, 0)) for c, v in mine.items()})
-
-
-def _smaller_somewhere(new: Lease, old: Lease) -> bool:
-    got = new.components()
-    return any(got.get(c, 0) < v for c, v in old.components().items())

@@ -350,3 +350,15 @@ def held_components(
         if left > 0:
             held[f"shared.{dim}"] = held.get(f"shared.{dim}", 0) + left
     return {c: v for c, v in held.items() if v > 0}
+
+
+def shrink_to(lease: Lease, desired: Lease) -> Lease:
+    """Component-wise minimum of the current and the desired lease."""
+    mine, want = lease.components(), desired.components()
+    return Lease.from_components({c: min(v, want.get(c, 0)) for c, v in mine.items()})
+
+
+def smaller_somewhere(new: Lease, old: Lease) -> bool:
+    """Whether ``new`` is below ``old`` in some component (capacity was given up)."""
+    got = new.components()
+    return any(got.get(c, 0) < v for c, v in old.components().items())
