@@ -13,7 +13,7 @@ import yaml
 
 import kvpool
 from kvpool.adapters.offline_compile import compile_manifests, parse_endpoint_flags
-from kvpool.gateway.main import add_arguments
+from kvpool.gateway.flags import add_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "examples" / "compose" / "compose.yaml"

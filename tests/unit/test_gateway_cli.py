@@ -8,7 +8,7 @@ import pytest
 
 import kvpool
 from kvpool.cli import main
-from kvpool.gateway.main import REDIS_URL_ENV, add_arguments
+from kvpool.gateway.flags import REDIS_URL_ENV, add_arguments
 
 
 def parse(*argv: str) -> argparse.Namespace:
