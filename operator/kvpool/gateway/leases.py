@@ -71,7 +71,10 @@ from kvpool.gateway.pool_runtime import PoolRuntime
 
 log = logging.getLogger("kvpool.gateway")
 
-MIN_GAP_SECONDS = 0.01  # renewals never come closer than this (nudges, waits)
+# A renewal woken early (a request waits here, a peer nudged) comes at most this fraction
+# of a period after the last one: under a flood every replica always has requests waiting,
+# and renewing at each of them made four replicas renew ~50 times a second each.
+WAKE_GAP_FRACTION = 0.5
 
 
 def default_member_id() -> str:
@@ -124,6 +127,7 @@ class LeaseKeeper:
         self._mode = LeaseMode.NONE
         self._wake = asyncio.Event()
         self._last_start = float("-inf")
+        self._nudged_for: dict[tuple[str, str], dict[str, int]] = {}  # the wish last nudged
         self._set_mode(LeaseMode.NONE, quiet=True)
 
     # -- CapacityShare ---------------------------------------------------------------------
@@ -225,8 +229,9 @@ class LeaseKeeper:
                 self._wake.clear()
                 loop = asyncio.get_running_loop()
                 gap = loop.time() - self._last_start
-                if gap < MIN_GAP_SECONDS:
-                    await asyncio.sleep(MIN_GAP_SECONDS - gap)
+                least = self.clock.period * WAKE_GAP_FRACTION
+                if gap < least:
+                    await asyncio.sleep(least - gap)
                 try:
                     await self.renew()
                 except Exception:  # one bad renewal must not end the keeper
@@ -251,25 +256,53 @@ class LeaseKeeper:
         plans = [p for p in self._plans.values() if p.pool in self._runtimes()]
         if not plans:
             return
-        gave_up = await self._call(plans, loop)
+        gave_up, asked = await self._call(plans, loop)
         if self._mode is LeaseMode.LEASED:
+            # the answer brought a fresher table: ask again where it changes the wish
             now = loop.time()
             again = [
                 p
                 for p in plans
-                if self._desired(p, self._report(p, now)).components() != p.granted.components()
+                if self._desired(p, self._report(p, now)).components() != asked[(p.pool, p.track)]
             ]
             if again:
-                gave_up |= await self._call(again, loop)
+                gave_up_again, _ = await self._call(again, loop)
+                gave_up |= gave_up_again
         self._apply(loop.time())
-        if self._mode is LeaseMode.LEASED and (gave_up or self._waiting(plans)):
+        if self._mode is LeaseMode.LEASED and (gave_up or self._new_unmet_wish(plans, asked)):
             with contextlib.suppress(LeaseStoreError):
                 await self.store.nudge(self.member)
 
-    async def _call(self, plans: list[_Plan], loop: asyncio.AbstractEventLoop) -> bool:
-        """One script call for ``plans``; True when this replica gave capacity up."""
+    def _new_unmet_wish(
+        self, plans: list[_Plan], asked: dict[tuple[str, str], dict[str, int]]
+    ) -> bool:
+        """Whether requests wait here for capacity another replica holds, with a wish the
+        others have not been nudged about yet (a flood that stays at its fair share
+        nudges once, not at every renewal)."""
+        unmet: dict[tuple[str, str], dict[str, int]] = {}
+        for key, wish in asked.items():
+            state = self._plans.get(key)
+            if state is None:  # a reload removed it meanwhile
+                continue
+            granted = state.granted.components()
+            if any(v > granted.get(c, 0) for c, v in wish.items()):
+                unmet[key] = wish
+        if not unmet or not self._waiting(plans):
+            self._nudged_for = {}
+            return False
+        if unmet == self._nudged_for:
+            return False
+        self._nudged_for = unmet
+        return True
+
+    async def _call(
+        self, plans: list[_Plan], loop: asyncio.AbstractEventLoop
+    ) -> tuple[bool, dict[tuple[str, str], dict[str, int]]]:
+        """One script call for ``plans``: whether this replica gave capacity up, and the
+        desired lease it asked for per plan."""
         now = loop.time()
         renewals: list[PlanRenewal] = []
+        asked: dict[tuple[str, str], dict[str, int]] = {}
         gave_up = False
         for state in plans:
             report = self._report(state, now)
@@ -292,6 +325,7 @@ class LeaseKeeper:
                 previous=state.claim,
             )
             plan = self._plan_for(state, report)
+            asked[(state.pool, state.track)] = desired.components()
             renewals.append(
                 PlanRenewal(
                     state.pool, state.track, plan.groups(), desired.components(), held, report
@@ -306,7 +340,7 @@ class LeaseKeeper:
                 self._failing_since = sent
                 log.warning("lease renewal failed (%s): keeping the last lease while valid", exc)
             self._update_mode(loop.time())
-            return gave_up
+            return gave_up, asked
         self.metrics.renewals.labels("ok").inc()
         self.metrics.renewal_seconds.observe(loop.time() - sent)
         if self._failing_since is not None:
@@ -323,7 +357,7 @@ class LeaseKeeper:
             self.metrics.count_handover(state.pool, state.lease, state.granted)
             state.lease = state.granted
         self._update_mode(loop.time())
-        return gave_up
+        return gave_up, asked
 
     # -- demand ----------------------------------------------------------------------------
 
