@@ -118,7 +118,7 @@ def test_gateway_reads_the_compiled_config_leases_the_plan_and_uses_redis() -> N
         {
             "name": "KVPOOL_REDIS_URL",
             "valueFrom": {"secretKeyRef": {"name": "kvpool-redis", "key": "redis-url"}},
-        }
+        },
     ]
     role = next(r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("gateway"))
     assert role["metadata"]["namespace"] == "llm"  # where the ConfigMap is
