@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def fallback(gateway: Gateway, pool: str) -> float | None:
     )
 
 
-def test_pools_without_a_loadable_tokenizer_are_flagged(
+async def test_pools_without_a_loadable_tokenizer_are_flagged(
     tiny_tokenizer_json: Path, tmp_path: Path
 ) -> None:
     gateway = Gateway(
@@ -49,13 +50,17 @@ def test_pools_without_a_loadable_tokenizer_are_flagged(
         settings=GatewaySettings(access_log=False),
     )
 
-    assert fallback(gateway, "chat") == 0
-    assert fallback(gateway, "folder") == 0
+    # loads run in the background (none blocks the gateway): the flags follow them
+    await wait_until_async(
+        lambda: fallback(gateway, "chat") == fallback(gateway, "folder") == 0, 10, "the loads"
+    )
     assert fallback(gateway, "unmounted") == 1
     assert fallback(gateway, "undeclared") == 1
 
 
-def test_a_reload_updates_the_flags_and_drops_removed_pools(tiny_tokenizer_json: Path) -> None:
+async def test_a_reload_updates_the_flags_and_drops_removed_pools(
+    tiny_tokenizer_json: Path,
+) -> None:
     gateway = Gateway(
         config(chat=None, old=None).obj(),
         InMemoryBudgetStore(),
@@ -65,8 +70,8 @@ def test_a_reload_updates_the_flags_and_drops_removed_pools(tiny_tokenizer_json:
 
     gateway.apply_config(config(chat=tiny_tokenizer_json).obj())
 
-    assert fallback(gateway, "chat") == 0
     assert fallback(gateway, "old") is None
+    await wait_until_async(lambda: fallback(gateway, "chat") == 0, 10, "the load")
 
 
 def _gated_fetch(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -74,9 +79,9 @@ def _gated_fetch(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     real = tokenizer_module.fetch_tokenizer
     gate = threading.Event()
 
-    def gated(path: str) -> tokenizer_module.LoadedTokenizer | None:
+    def gated(path: str, **kwargs: Any) -> tokenizer_module.LoadedTokenizer | None:
         assert gate.wait(10), "the test never opened the gate"
-        return real(path)
+        return real(path, **kwargs)
 
     monkeypatch.setattr(tokenizer_module, "fetch_tokenizer", gated)
     return gate

@@ -20,6 +20,8 @@ Usage from another command::
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
+from kvpool.adapters.tokenizer import file_kind
 from kvpool.api.validation import (
     Document,
     Finding,
@@ -37,6 +40,7 @@ from kvpool.api.validation import (
     validate_documents,
 )
 from kvpool.api.validation.schema import format_path
+from kvpool.api.validation.semantic import SPECIAL_FILE_ROOTS
 from kvpool.domain.api_keys import api_key_digest
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
@@ -142,6 +146,42 @@ def check_builtin(body: Mapping[str, Any]) -> list[Finding]:
     return []
 
 
+def check_tokenizer_paths(documents: Iterable[Document]) -> list[Problem]:
+    """ModelPools whose ``tokenizerPath`` is, on this machine, a FIFO, a device or a socket
+    (the gateway would find nothing to read there; a FIFO blocked it for good). A path
+    that does not exist here is not judged: it lives inside the gateway's pod. ``stat``
+    only: nothing is opened."""
+    problems = []
+    for doc in documents:
+        body = doc.body
+        if not isinstance(body, dict) or body.get("kind") != "ModelPool":
+            continue
+        spec = body.get("spec")
+        model = spec.get("model") if isinstance(spec, dict) else None
+        path = model.get("tokenizerPath") if isinstance(model, dict) else None
+        if not isinstance(path, str) or path.startswith(SPECIAL_FILE_ROOTS):
+            continue  # /dev/... is the semantic check's
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            continue
+        metadata = body.get("metadata")
+        name = str(metadata.get("name")) if isinstance(metadata, dict) else ""
+        problems.append(
+            Problem(
+                doc.source,
+                "ModelPool",
+                name,
+                "spec.model.tokenizerPath",
+                f"{path!r} is {file_kind(mode)} on this machine, not a tokenizer.json; point "
+                "it to the model's tokenizer.json (a regular file) or the folder holding it",
+            )
+        )
+    return problems
+
+
 def load_and_validate(paths: Iterable[str], *, require_secrets: bool = False) -> ValidatedSet:
     """Load every manifest under ``paths`` and validate the set (see kvpool.api.validation).
 
@@ -153,7 +193,7 @@ def load_and_validate(paths: Iterable[str], *, require_secrets: bool = False) ->
     validated = validate_documents(
         documents, check_builtin=check_builtin, key_digest=api_key_digest
     )
-    problems = [*load_problems, *validated.problems]
+    problems = [*load_problems, *validated.problems, *check_tokenizer_paths(documents)]
     warnings = validated.warnings
     if require_secrets:
         problems, warnings = [*problems, *warnings], []

@@ -29,6 +29,10 @@ p99 under 100 ms and a peak under 200 MiB). Here:
   costs well under a millisecond, while each hand-off to a worker thread waits for the GIL
   the loop holds - up to Python's 5 ms switch interval while the loop relays streams -
   which added milliseconds to every interactive first token;
+- **tokenizer loads**: a request whose pool's tokenizer is still loading waits for it
+  at most ``load_wait_seconds`` (2 s), then counts by the byte estimate; a tokenizer that
+  cannot load (:mod:`kvpool.adapters.tokenizer`: FIFO, device, too large, hung volume)
+  never blocks a request for longer;
 - **time bound**: a count that does not finish within ``tokenize_seconds`` (5 s, queueing
   included) is abandoned for the byte-based fallback estimate (the request goes on; the
   worker finishes in the background). Parsing, which cannot fall back, is bounded by
@@ -76,8 +80,10 @@ class BodyWorker:
         parse_seconds: float = 10.0,
         tokenize_seconds: float = 5.0,
         inline_bytes: int = 8 * 1024,
+        load_wait_seconds: float = 2.0,
     ) -> None:
         self.tokenizers = tokenizers
+        self.load_wait_seconds = load_wait_seconds  # a request waits this long for a load
         self.inline_bytes = inline_bytes
         self.parse_seconds = parse_seconds
         self.tokenize_seconds = tokenize_seconds
@@ -100,14 +106,18 @@ class BodyWorker:
         limit = self._limits.get(key)
         if limit is None:
             loop = asyncio.get_running_loop()
+            await asyncio.gather(  # loads under way: wait for them a bounded time
+                *(self.tokenizers.loaded(path, self.load_wait_seconds) for path, _ in key)
+            )
             limit = await loop.run_in_executor(self._tokenize, self._body_limit, key, cap)
-            self._limits = {key: limit}  # one config at a time
+            if not any(self.tokenizers.pending(path) for path, _ in key):
+                self._limits = {key: limit}  # one config at a time, once its loads ended
         return min(limit, cap)
 
     def _body_limit(self, pools: tuple[tuple[str | None, int], ...], cap: int) -> int:
         bound = 0
         for path, max_model_len in pools:
-            tokenizer = self.tokenizers.get(path)
+            tokenizer = self.tokenizers.peek(path)  # still loading: no bound yet
             if tokenizer is None:
                 return cap
             longest = self._longest.get(tokenizer.path)
@@ -143,8 +153,8 @@ class BodyWorker:
         long for the model, or the time bound passed)."""
         if parsed.messages is None and isinstance(prompt, list):
             return len(prompt)  # token ids: exact without a tokenizer
-        tokenizer = self.tokenizers.get(pool.tokenizer_path)
-        if tokenizer is None:
+        tokenizer = await self.tokenizers.loaded(pool.tokenizer_path, self.load_wait_seconds)
+        if tokenizer is None:  # none, or not loaded (yet): the byte estimate
             return None
         loop = asyncio.get_running_loop()
         try:

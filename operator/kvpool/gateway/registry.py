@@ -23,14 +23,19 @@ object owns them and the others ask it.
 - :meth:`PoolRegistry.load_tokenizers`: load each pool's tokenizer when a config comes
   (not on its first request) and set ``kvpool_gateway_tokenizer_fallback{pool}`` (1 while
   the pool counts prompts by the byte estimate). A load reads and parses files (a large
-  ``tokenizer.json`` takes a second), so once the loop runs it is done on a worker thread
-  in the background; a load that ends after a newer config came is ignored.
+  ``tokenizer.json`` takes a second, a path on a hung volume never ends), so every load
+  runs on a thread of its own (:class:`~kvpool.adapters.tokenizer.TokenizerCache`) and
+  nothing waits for it - not the construction, not the start-up (before, a FIFO path
+  froze a restarting gateway for good), not another pool; the flags follow each load as
+  it ends (in a background task once the loop runs) and a pool whose tokenizer cannot
+  load is logged once; a load that ends after a newer config came is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from kvpool.adapters.background import BackgroundTasks
 from kvpool.adapters.tokenizer import TokenizerCache
@@ -41,6 +46,8 @@ from kvpool.gateway.capacity import CapacityShare
 from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pool_runtime import PoolRuntime
+
+log = logging.getLogger("kvpool.gateway")
 
 
 class PoolRegistry:
@@ -153,27 +160,45 @@ class PoolRegistry:
     # -- tokenizers ------------------------------------------------------------------------
 
     def load_tokenizers(self, config: AdmissionConfig) -> None:
-        """Load every pool's tokenizer and flag the pools that fall back to the byte
-        estimate: inline before the loop runs (construction), else on a worker thread."""
+        """Start loading every pool's tokenizer (each on its own thread), flag the pools
+        that count by the byte estimate now, and - once the loop runs - again as the loads
+        end. Never waits for a load."""
         self._tokenizer_generation += 1
         paths = {pool.name: pool.tokenizer_path for pool in config.pools}
+        loaded = {pool: self.tokenizers.peek(path) is not None for pool, path in paths.items()}
+        self._flag_tokenizers(self._tokenizer_generation, loaded, paths, final=False)
         try:
             asyncio.get_running_loop()
-        except RuntimeError:  # constructing, before the loop: nothing to block yet
-            self._flag_tokenizers(self._tokenizer_generation, self._load(paths))
+        except RuntimeError:  # constructing, before the loop: Gateway.start() calls again
             return
-        self._tasks.spawn(self._load_off_loop(self._tokenizer_generation, paths), "tokenizer load")
+        self._tasks.spawn(self._follow_loads(self._tokenizer_generation, paths), "tokenizer load")
 
-    def _load(self, paths: dict[str, str | None]) -> dict[str, bool]:
-        return {pool: self.tokenizers.get(path) is not None for pool, path in paths.items()}
+    async def _follow_loads(self, generation: int, paths: dict[str, str | None]) -> None:
+        wait = self.tokenizers.load_seconds + 1.0  # a load is abandoned by then
+        results = await asyncio.gather(
+            *(self.tokenizers.loaded(path, wait) for path in paths.values())
+        )
+        loaded = {pool: r is not None for pool, r in zip(paths, results, strict=True)}
+        self._flag_tokenizers(generation, loaded, paths, final=True)
 
-    async def _load_off_loop(self, generation: int, paths: dict[str, str | None]) -> None:
-        self._flag_tokenizers(generation, await asyncio.to_thread(self._load, paths))
-
-    def _flag_tokenizers(self, generation: int, loaded: dict[str, bool]) -> None:
+    def _flag_tokenizers(
+        self,
+        generation: int,
+        loaded: dict[str, bool],
+        paths: dict[str, str | None],
+        *,
+        final: bool,
+    ) -> None:
         """Set ``tokenizer_fallback`` per pool, unless a newer config came meanwhile."""
         if generation != self._tokenizer_generation:
             return
         self.metrics.tokenizer_fallback.clear()
         for pool, ok in loaded.items():
             self.metrics.tokenizer_fallback.labels(pool).set(0 if ok else 1)
+            if final and not ok and paths[pool]:
+                log.warning(
+                    "pool %s: its tokenizer %s did not load; its prompts are counted by the "
+                    "byte estimate (kvpool_gateway_tokenizer_fallback=1)",
+                    pool,
+                    paths[pool],
+                )

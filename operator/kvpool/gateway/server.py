@@ -174,6 +174,7 @@ class Gateway:
     async def start(self) -> None:
         """Create the runtimes and the engines' connection pool (on the running loop)."""
         self._sync(self.index)
+        self.registry.load_tokenizers(self.index.config)  # follow the loads on the loop
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.settings.upstream_connect_timeout
         )

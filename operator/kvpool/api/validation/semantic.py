@@ -11,7 +11,10 @@ to hear before the operator acts on it:
 - ModelPool: engine ``args`` that repeat a flag the operator sets from a typed field
   (``--max-model-len`` from ``engine.maxModelLen``...), a declared
   ``kvTokensPerReplica`` too small to hold one ``maxModelLen`` sequence (vLLM refuses to
-  start such an engine), volumes without a (unique) name and mounts naming no volume.
+  start such an engine), volumes without a (unique) name and mounts naming no volume, a
+  ``tokenizerPath`` under ``/dev``, ``/proc`` or ``/sys`` (a device or kernel file, never
+  a tokenizer.json: ``/dev/zero`` grew the gateway to 2 GB in a second; ``kvpool
+  validate`` also refuses a FIFO or device it finds at the path on this machine).
 
 Worked example: limits ``[{window: 1h, tokens: 100}, {window: 60m, tokens: 50}]`` give
 ``Finding("spec.limits[1].window", "'60m' is the same window as spec.limits[0].window
@@ -34,6 +37,9 @@ from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import RULE_CLASSIFICATION_TIERS, RULE_UNIQUE_TIER_NAMES, TierPolicy
 from kvpool.api.validation.results import Finding
 from kvpool.api.validation.rules import UNEVALUATED
+
+# Where no tokenizer.json lives: devices and kernel files (reading them never ends).
+SPECIAL_FILE_ROOTS = ("/dev/", "/proc/", "/sys/")
 
 # Engine flags the operator derives from typed ModelPool fields.
 OWNED_ENGINE_FLAGS = {
@@ -117,6 +123,29 @@ def _volume_findings(pool: ModelPool) -> list[Finding]:
     return findings
 
 
+def _tokenizer_path_findings(path: str | None) -> list[Finding]:
+    """A tokenizerPath under a device or kernel file system.
+
+    >>> _tokenizer_path_findings("/dev/zero")[0].reason.split(";")[0]
+    "'/dev/zero' is a device or kernel file (under /dev/), not a tokenizer.json"
+    >>> _tokenizer_path_findings("/models/llama/tokenizer.json")
+    []
+    """
+    if path is None:
+        return []
+    normal = "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+    root = next((r for r in SPECIAL_FILE_ROOTS if (normal + "/").startswith(r)), None)
+    if root is None:
+        return []
+    return [
+        Finding(
+            "spec.model.tokenizerPath",
+            f"{path!r} is a device or kernel file (under {root}), not a tokenizer.json; "
+            "point it to the model's tokenizer.json (a regular file) or the folder holding it",
+        )
+    ]
+
+
 def check_model_pool(pool: ModelPool) -> list[Finding]:
     """Engine args that fight typed fields, and a declared KV size below one sequence."""
     findings = []
@@ -130,6 +159,7 @@ def check_model_pool(pool: ModelPool) -> list[Finding]:
                 )
             )
     findings += _volume_findings(pool)
+    findings += _tokenizer_path_findings(pool.spec.model.tokenizer_path)
     declared = pool.spec.capacity.kv_tokens_per_replica
     max_len = pool.spec.engine.max_model_len
     if declared is not None and declared < max_len:
