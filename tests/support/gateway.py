@@ -45,6 +45,8 @@ class FakeEngine:
 
     delay: float = 0.0  # seconds before answering
     chunk_delay: float = 0.0  # seconds between stream chunks
+    chunk_bytes: int = 1  # content bytes of each chunk ("x" repeated)
+    max_chunks: int = 64  # the most chunks (tokens) one answer has, whatever max_tokens says
     status: int = 200  # non-200: answer this status with an error body
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -124,7 +126,7 @@ class FakeEngine:
                 await self.hold.wait()
             chat = request.path.endswith("chat/completions")
             wanted = body.get("max_completion_tokens") if chat else None
-            out = max(1, min(int(wanted or body.get("max_tokens") or 4), 64))
+            out = max(1, min(int(wanted or body.get("max_tokens") or 4), self.max_chunks))
             prompt_tokens = 5
             if not body.get("stream"):
                 choice = (
@@ -146,10 +148,12 @@ class FakeEngine:
                 )
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
+            piece = "x" * self.chunk_bytes
+            delta = {"delta": {"content": piece}} if chat else {"text": piece}
+            chunk = {"id": "fake", "choices": [{"index": 0, **delta}]}
+            event = b"data: " + json.dumps(chunk).encode() + b"\n\n"  # the same each time
             for _ in range(out):
-                delta = {"delta": {"content": "x"}} if chat else {"text": "x"}
-                chunk = {"id": "fake", "choices": [{"index": 0, **delta}]}
-                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                await response.write(event)
                 await self._takes(self.chunk_delay)
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {
@@ -170,11 +174,20 @@ class FakeEngine:
             raise
 
 
-def serve_fake_engine(port: int, chunk_delay: float = 0.0, delay: float = 0.0) -> None:
+def serve_fake_engine(
+    port: int,
+    chunk_delay: float = 0.0,
+    delay: float = 0.0,
+    chunk_bytes: int = 1,
+    max_chunks: int = 64,
+) -> None:
     """Run a FakeEngine on ``port`` until killed (for benchmarks, in a child process)."""
 
     async def main() -> None:
-        await FakeEngine(delay=delay, chunk_delay=chunk_delay).start(port)
+        engine = FakeEngine(
+            delay=delay, chunk_delay=chunk_delay, chunk_bytes=chunk_bytes, max_chunks=max_chunks
+        )
+        await engine.start(port)
         await asyncio.Event().wait()
 
     try:

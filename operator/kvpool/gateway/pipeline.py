@@ -27,11 +27,13 @@ decision benchmark can drive it directly:
    tenant's limits as this replica enforces them (:mod:`kvpool.gateway.capacity`);
    Queue -> wait; Reject -> the status of its reason (:mod:`kvpool.gateway.outcomes`);
 7. (the handler sends it upstream, :mod:`kvpool.gateway.upstream`);
-8. :meth:`RequestPipeline.finish`, always: release the reservation, settle the budget with
-   what the engine generated (``decide_settlement`` on the :class:`~kvpool.gateway.usage.Usage`
-   the upstream reported: its usage; 0 if it never got the request; the reservation if the
-   request was cut short), then build one :class:`~kvpool.gateway.outcomes.Outcome` that
-   the metrics and the JSON access log both read.
+8. :meth:`RequestPipeline.finish`, always: release the reservation (unless
+   :meth:`RequestPipeline.release` gave it back already, when the engine's stream ended),
+   settle the budget with what the engine generated (``decide_settlement`` on the
+   :class:`~kvpool.gateway.usage.Usage` the upstream reported: its usage; 0 if it never
+   got the request; the reservation if the request was cut short), then build one
+   :class:`~kvpool.gateway.outcomes.Outcome` that the metrics and the JSON access log
+   both read.
 
 Each request reads the :class:`~kvpool.gateway.config_index.ConfigIndex` it was given from
 authentication to admission, so a reload in between changes nothing for it.
@@ -123,6 +125,7 @@ class Admission:
     demoted: bool
     started: float  # request_clock() at arrival
     on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
+    released: bool = False  # its reservation was given back (release() is idempotent)
 
 
 class RequestPipeline:
@@ -322,6 +325,15 @@ class RequestPipeline:
 
     # -- step 8 ----------------------------------------------------------------------------
 
+    def release(self, admission: Admission, usage: Usage) -> None:
+        """Give the reservation back (once): as soon as the engine is done with the request
+        (its stream ended, whatever the client still has to read), else in :meth:`finish`."""
+        if admission.released:
+            return
+        admission.released = True
+        actual = usage.total(admission.estimate.prompt_tokens)
+        admission.runtime.release(admission.admit.reservation_id, actual or None)
+
     async def finish(self, admission: Admission, status: int, label: str, usage: Usage) -> Outcome:
         """Release the reservation, settle the budget with ``usage``, then record the
         :class:`Outcome` once (metrics and the access log both read it)."""
@@ -343,7 +355,7 @@ class RequestPipeline:
             ttft_seconds=(first - admission.started) if first is not None else None,
             engine_reported=usage.reported,
         )
-        admission.runtime.release(admission.admit.reservation_id, actual or None)
+        self.release(admission, usage)
         if admission.charge is not None:
             await self._settle(admission.charge, charged)
         self._record(admission, outcome)

@@ -48,12 +48,14 @@ from kvpool.gateway.ejection import ReplicaEjector
 from kvpool.gateway.engine_watcher import EngineWatcher
 from kvpool.gateway.errors import NOT_FOUND, OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.loop_lag import watch_loop_lag
+from kvpool.gateway.memory import MemoryTrimmer
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pipeline import Admission, RequestPipeline
 from kvpool.gateway.registry import PoolRegistry
 from kvpool.gateway.request import Kind, ParsedRequest, build_upstream_body
 from kvpool.gateway.settings import GatewaySettings
 from kvpool.gateway.upstream import (
+    CLIENT_STALLED,
     AiohttpUpstream,
     Upstream,
     UpstreamCall,
@@ -153,6 +155,7 @@ class Gateway:
             probe_timeout=settings.health_probe_timeout,
         )
         self.upstream = upstream
+        self.trimmer = MemoryTrimmer()  # cut clients' buffers back to the OS
         self._session: aiohttp.ClientSession | None = None  # the engines' connection pool
         self._started = False
         metrics.watch_snapshots(self.registry.track_snapshots)
@@ -194,6 +197,7 @@ class Gateway:
     async def stop(self) -> None:
         """Close the upstream pool and the budget store (after pending settlements)."""
         await self._watchers.cancel()
+        self.trimmer.cancel()
         await self.ejector.stop()
         self.body.close()
         self.registry.close()
@@ -279,10 +283,12 @@ class Gateway:
             status, label, usage = result.status, result.label, result.usage
             return result.response
         except asyncio.CancelledError:  # the client went away: aiohttp cancelled the handler
-            status, label = 499, "client_gone"
+            status, label = 499, CLIENT_STALLED if meter.client_stalled else "client_gone"
             raise
         finally:
             self.metrics.in_flight.dec()
+            if meter.client_stalled:
+                self.trimmer.soon()
             await self.pipeline.finish(admission, status, label, usage or meter.usage())
 
     def _call(
@@ -304,6 +310,8 @@ class Gateway:
             on_first_token=admission.on_first_token,
             track=partial(self.ejector.track, admission.pool.name, admission.admit.replica),
             meter=meter,
+            # the engine is done: the reservation goes back before the client reads the rest
+            on_engine_done=lambda: self.pipeline.release(admission, meter.usage()),
         )
 
     async def _send(self, call: UpstreamCall, admission: Admission) -> UpstreamResult:

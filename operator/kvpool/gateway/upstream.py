@@ -44,6 +44,16 @@ timeout between chunks, a non-streaming answer a total timeout; outlier ejection
 Client disconnect: the request handler is cancelled (aiohttp ``handler_cancellation``) or
 a write fails; leaving the ``async with`` closes the upstream connection, which makes vLLM
 abort the request and free its KV cache.
+
+A client that stops reading (issue 18.1): every write to it - the chunks, the end of the
+stream, the in-band error event - gets the idle timeout too. A write that cannot go out
+within it (the client's receive window and the socket buffers full) cuts the client: its
+connection is aborted (the buffered bytes are dropped), the call ends as 499
+``client_stalled`` and the upstream request is closed. Before, the relay waited in
+``response.write()`` forever and held its reservation and its engine slot. And the
+reservation does not wait for the client at all once the engine is done with the request:
+``call.on_engine_done`` is called as soon as the engine's stream has ended (its ``[DONE]``
+event, its end, or its failure), before the last bytes go to the client.
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ SSE_DATA = b"data: "
 SSE_DONE = b"[DONE]"
 SSE_END = b"\n\n"  # vLLM ends every event with a blank line
 STREAM_BROKEN = "engine_stream_broken"
+CLIENT_STALLED = "client_stalled"
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,9 @@ class UpstreamCall:
     # registers the request's deadline while it is in flight (ejection expires it early)
     track: Callable[[asyncio.Timeout], AbstractContextManager[None]] | None = None
     meter: UsageMeter = field(default_factory=UsageMeter)  # written by the upstream only
+    # the engine holds nothing more for this call (its stream ended): release the
+    # reservation now, before the last writes to the client; called at most once
+    on_engine_done: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,8 @@ class UpstreamResult:
     """How a call ended."""
 
     status: int  # what the client got (499: it went away)
-    label: str  # ok, engine_rejected, client_gone, engine_stream_broken, or an error code
+    label: str  # ok, engine_rejected, client_gone, client_stalled, engine_stream_broken, or
+    # an error code
     usage: Usage
     replica_fault: FailureKind | None  # refused / timeout: report to outlier ejection
     response: web.StreamResponse  # what the handler returns
@@ -199,7 +214,10 @@ class AiohttpUpstream:
                 failed.kind,
             )
         except _StreamBrokenError as broken:
-            await _end_stream_with_error(broken.response, str(broken))
+            _engine_done(call)
+            await _end_stream_with_error(call, broken.response, str(broken), self.limits.idle)
+            if meter.client_stalled:
+                return UpstreamResult(499, CLIENT_STALLED, meter.usage(), None, broken.response)
             return UpstreamResult(
                 200, STREAM_BROKEN, meter.usage(), broken.fault, broken.response, "stream_broken"
             )
@@ -207,7 +225,8 @@ class AiohttpUpstream:
             meter.client_gone = True
             raise
         if meter.client_gone:
-            return UpstreamResult(499, "client_gone", meter.usage(), None, response)
+            label = CLIENT_STALLED if meter.client_stalled else "client_gone"
+            return UpstreamResult(499, label, meter.usage(), None, response)
         label = "ok" if response.status < 400 else "engine_rejected"
         return UpstreamResult(response.status, label, meter.usage(), None, response)
 
@@ -264,7 +283,7 @@ class AiohttpUpstream:
                         body=raw,
                         content_type=content_type.split(";")[0] or "application/json",
                     )
-                return await _relay_stream(call, upstream, deadline, progress)
+                return await _relay_stream(call, upstream, deadline, progress, self.limits.idle)
         except aiohttp.ClientConnectorError as exc:
             meter.sent = False  # refused: the engine never saw the request
             raise _EngineFailedError(
@@ -322,12 +341,38 @@ def _content_chunk(call: UpstreamCall) -> None:
         call.on_first_token()
 
 
-async def _write(response: web.StreamResponse, data: bytes, meter: UsageMeter) -> bool:
-    """Write to the client; False (and ``meter.client_gone``) if it went away."""
+def _engine_done(call: UpstreamCall) -> None:
+    """The engine's stream ended: let the caller release the reservation (once)."""
+    if call.on_engine_done is not None:
+        call.on_engine_done()
+
+
+def _cut_client(call: UpstreamCall) -> None:
+    """Drop a client that stopped reading: abort its connection (the bytes buffered for it
+    are dropped at once; aiohttp then cancels the handler as for a client gone)."""
+    call.meter.client_gone = True
+    call.meter.client_stalled = True
+    transport = call.client.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _write(
+    call: UpstreamCall, response: web.StreamResponse, data: bytes, idle: float, *, eof: bool = False
+) -> bool:
+    """Write to the client (``eof``: and end the response) within ``idle`` seconds; False
+    (and ``meter.client_gone``) if it went away or did not take the bytes in time."""
     try:
-        await response.write(data)
+        async with asyncio.timeout(idle):
+            if eof:
+                await response.write_eof(data)
+            else:
+                await response.write(data)
+    except TimeoutError:  # a stalled reader: cut it, leaving the relay closes the upstream
+        _cut_client(call)
+        return False
     except ConnectionError:  # leaving the relay closes the upstream request too
-        meter.client_gone = True
+        call.meter.client_gone = True
         return False
     return True
 
@@ -337,6 +382,7 @@ async def _relay_stream(
     upstream: aiohttp.ClientResponse,
     deadline: asyncio.Timeout,
     progress: _Progress,
+    idle: float,
 ) -> web.StreamResponse:
     meter = call.meter
     response = web.StreamResponse(
@@ -357,13 +403,17 @@ async def _relay_stream(
             out = []
             for event in events:
                 if event.startswith(SSE_DATA):
-                    usage_only = _is_usage_only(event[len(SSE_DATA) :].strip(), call)
+                    payload = event[len(SSE_DATA) :].strip()
+                    if payload == SSE_DONE:  # the engine's last event: it holds nothing more
+                        _engine_done(call)
+                    usage_only = _is_usage_only(payload, call)
                     if usage_only and not call.caller_wants_usage:
                         continue
                 out.append(event + SSE_END)
-            if out and not await _write(response, b"".join(out), meter):
+            if out and not await _write(call, response, b"".join(out), idle):
                 return response
-        if pending.strip() and not await _write(response, pending, meter):
+        _engine_done(call)
+        if pending.strip() and not await _write(call, response, pending, idle):
             return response
     except (
         aiohttp.ClientPayloadError,
@@ -376,7 +426,7 @@ async def _relay_stream(
         raise _StreamBrokenError(
             response, f"the engine stream broke off: {type(exc).__name__}", fault
         ) from exc
-    await response.write_eof()
+    await _write(call, response, b"", idle, eof=True)
     return response
 
 
@@ -386,8 +436,12 @@ def stream_error_event(message: str) -> bytes:
     return SSE_DATA + json.dumps(error).encode() + SSE_END
 
 
-async def _end_stream_with_error(response: web.StreamResponse, message: str) -> None:
-    """Write the error event and end the stream (ignoring a client already gone)."""
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await response.write(stream_error_event(message))
-        await response.write_eof()
+async def _end_stream_with_error(
+    call: UpstreamCall, response: web.StreamResponse, message: str, idle: float
+) -> None:
+    """Write the error event and end the stream within ``idle`` seconds (ignoring a client
+    already gone; cutting one that does not read)."""
+    with contextlib.suppress(RuntimeError):
+        if call.meter.client_gone:
+            return
+        await _write(call, response, stream_error_event(message), idle, eof=True)

@@ -70,6 +70,7 @@ class UsageMeter:
     chunks: int = 0
     reported: bool = False
     client_gone: bool = False
+    client_stalled: bool = False  # cut for not reading (client_gone is set too)
     sent: bool = False
     first_token_at: float | None = None
 

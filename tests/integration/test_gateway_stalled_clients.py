@@ -1,0 +1,157 @@
+"""Clients that never read their stream cannot hold capacity (issue 18.1), on real sockets.
+
+A real ``kvpool gateway`` process relays streams from a fake engine whose answers (5 MiB
+each) are larger than all the buffers on the way (a loopback socket to a reader that never
+reads absorbs ~2.3 MB, its 4 MB send buffer: answers of 1 MiB went through whole), to
+clients whose receive buffer is 2 KB (``SO_RCVBUF``) and who never read a byte. Before the
+fix, the relay waited in ``response.write()`` forever: every reservation stayed held (the
+engine-side idle timeout never fires while the relay is stuck writing) and the gateway's
+memory grew with the buffered bytes. Now a write that does not go out within the idle
+timeout cuts the client, releases its reservation at once, and the memory goes back
+(``malloc_trim``, :mod:`kvpool.gateway.memory`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.builders import AdmissionConfigBuilder
+from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
+
+IDLE_SECONDS = 2.0  # --upstream-idle-timeout: also the longest a client write may take
+STREAMS = 300
+CHUNK_BYTES = 32 * 1024  # content bytes of each event
+CHUNKS = 160  # events of each answer: 5 MiB, beyond the socket buffers
+
+
+def slots_in_use(gateway: GatewayProcess) -> int:
+    """Sequence slots the gateway holds for requests in flight (all tiers, all tracks)."""
+    with urllib.request.urlopen(gateway.metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    held = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "kvpool_gateway_tier_slots":
+            held += sum(s.value for s in family.samples if s.labels.get("kind") == "in_use")
+    return int(held)
+
+
+def never_reading_stream(port: int) -> socket.socket:
+    """A connection with a 2 KB receive buffer that sends one streaming chat request and
+    never reads the answer."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: the window
+    sock.connect(("127.0.0.1", port))
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "write a long story"}],
+            "max_tokens": CHUNKS,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Authorization: Bearer sk-acme\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + body)
+    return sock
+
+
+def full_stream(port: int) -> int:
+    """One stream read to its end (a warm-up: the code paths and pools exist before the
+    memory baseline); its size in bytes."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": CHUNKS,
+                "stream": True,
+            }
+        ).encode(),
+        headers={"Authorization": "Bearer sk-acme", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return len(resp.read())
+
+
+async def watch_release(gateway: GatewayProcess, timeout: float) -> tuple[int, int, float, int]:
+    """Poll the slots in use until they were held and are all back (or ``timeout``): (the
+    most held at once, the last count seen, seconds waited, RSS at the peak)."""
+    started = time.monotonic()
+    peak, rss_at_peak = 0, gateway.process.rss_bytes()
+    while True:
+        held = await asyncio.to_thread(slots_in_use, gateway)
+        waited = time.monotonic() - started
+        if held > peak:
+            peak, rss_at_peak = held, gateway.process.rss_bytes()
+        if (peak and held == 0) or waited > timeout:
+            return peak, held, waited, rss_at_peak
+        await asyncio.sleep(0.1)
+
+
+async def test_never_reading_streams_are_cut_and_release_their_reservations(
+    fake_engine: FakeEngine, gateway_process: GatewayProcesses, tmp_path: Path
+) -> None:
+    """Given a gateway (idle timeout 2 s) over an engine answering 5 MiB streams, when 300
+    clients with a 2 KB receive buffer start a stream each and never read, then every
+    reservation is released within the idle timeout (+ the machine's slack) and the
+    gateway's RSS is back within 10 % of what it was before."""
+    fake_engine.chunk_bytes, fake_engine.max_chunks = CHUNK_BYTES, CHUNKS
+    config = (
+        AdmissionConfigBuilder()
+        .tier("batch", floor=80, wait=30.0)
+        .pool(
+            "tiny",
+            [fake_engine.url],
+            tokens_per_replica=STREAMS * 2 * 600,
+            slots_per_replica=STREAMS * 2,
+            max_model_len=512,
+        )
+        .tenant("acme", key="sk-acme", tiers=["batch"])
+    )
+    gateway = await gateway_process.started(
+        config, extra_args=("--upstream-idle-timeout", str(IDLE_SECONDS), "--no-access-log")
+    )
+    size = await asyncio.to_thread(full_stream, gateway.port)
+    assert size > CHUNKS * CHUNK_BYTES, f"the warm-up stream had only {size} bytes"
+    rss_before = gateway.process.rss_bytes()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(STREAMS):
+            sockets.append(await asyncio.to_thread(never_reading_stream, gateway.port))
+        sent = time.monotonic()
+        slack = 4.0  # 300 connections aborted, metrics polled, a loaded 2-core machine
+        peak, held, _, rss_stalled = await watch_release(gateway, IDLE_SECONDS + slack)
+        released_after = time.monotonic() - sent
+        assert held == 0, (
+            f"{held} of {STREAMS} never-reading streams still hold their reservation "
+            f"{released_after:.1f} s after they started (idle timeout {IDLE_SECONDS:g} s; "
+            f"peak {peak} slots held)"
+        )
+        await asyncio.sleep(0.5)  # the aborted connections' buffers freed
+        rss_after = gateway.process.rss_bytes()
+    finally:
+        for sock in sockets:
+            sock.close()
+    mib = 1024 * 1024
+    assert rss_after <= rss_before * 1.10, (
+        f"gateway RSS {rss_before / mib:.0f} MiB before, {rss_stalled / mib:.0f} MiB with "
+        f"{STREAMS} stalled streams, {rss_after / mib:.0f} MiB after they were released"
+    )
+    # the gateway still serves
+    assert await asyncio.to_thread(full_stream, gateway.port) > CHUNKS * CHUNK_BYTES
+    print(
+        f"{STREAMS} stalled streams: peak {peak} slots held, all released "
+        f"{released_after:.2f} s after they started (idle {IDLE_SECONDS:g} s); RSS "
+        f"{rss_before / mib:.1f} -> {rss_stalled / mib:.1f} -> {rss_after / mib:.1f} MiB"
+    )
