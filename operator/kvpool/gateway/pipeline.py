@@ -296,6 +296,16 @@ class RequestPipeline:
             )
             verdict = await runtime.admit(areq)
             if not isinstance(verdict, Admit):
+                if verdict.detail:  # the figures are the operator's, not the tenant's
+                    log.info(
+                        "request %s of tenant %s to pool %s tier %s rejected (%s): %s",
+                        request_id,
+                        tenant.tenant,
+                        pool.name,
+                        verdict.tier,
+                        verdict.reason,
+                        verdict.detail,
+                    )
                 raise error_for(
                     verdict.reason, verdict.message, retry_after=verdict.retry_after_seconds
                 )

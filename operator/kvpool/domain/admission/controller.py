@@ -56,6 +56,7 @@ from kvpool.domain.admission.feasibility import (
     never_fits,
     position,
     shared_in_use,
+    too_large_detail,
     too_large_message,
 )
 from kvpool.domain.admission.holds import PrefillHolds
@@ -171,9 +172,13 @@ class AdmissionController:
                 reason=REASON_QUEUE_WAIT,
                 message=(
                     f"tier {tier.name!r} cannot start this request within its maximum queue "
-                    f"wait of {tier.max_wait:g}s (expected ~{wait:.1f}s): retry later"
+                    f"wait of {tier.max_wait:g}s: retry later"
                 ),
                 retry_after_seconds=retry_after(wait),
+                detail=(
+                    f"expected wait ~{wait:.1f}s, {ahead.tokens} tokens queued ahead, "
+                    f"{free.tokens} tokens free"
+                ),
             )
         return Queue(
             request_id=rid,
@@ -311,9 +316,11 @@ class AdmissionController:
             if tier in removed:
                 reason = REASON_TIER_REMOVED
                 message = f"tier {tier.name!r} was removed from the pool's policy"
+                detail = ""
             elif state.pool.plan_ok and never_fits(state, waiting.request, tier):
                 reason = REASON_TOO_LARGE_FOR_POOL
                 message = too_large_message(state, waiting.request, tier)
+                detail = too_large_detail(state, waiting.request, tier)
             else:
                 continue
             state.waiting.unqueue(waiting)
@@ -325,6 +332,7 @@ class AdmissionController:
                     reason=reason,
                     message=message,
                     queued_seconds=max(0.0, float(now - waiting.arrived_at)),
+                    detail=detail,
                 )
             )
         for tier in removed:
@@ -456,8 +464,9 @@ class AdmissionController:
             outcome: Literal["rejected-deadline", "rejected-capacity"],
             reason: str,
             message: str,
+            detail: str = "",
         ) -> Reject:
-            return Reject(request.request_id, request.tier, outcome, reason, message)
+            return Reject(request.request_id, request.tier, outcome, reason, message, detail=detail)
 
         if not pool.plan_ok:
             return reject(
@@ -476,6 +485,7 @@ class AdmissionController:
                 "rejected-capacity",
                 REASON_TOO_LARGE_FOR_POOL,
                 too_large_message(state, request, tier),
+                too_large_detail(state, request, tier),
             )
         if state.replicas and not any(
             r.ready and (request.track is None or r.track == request.track)

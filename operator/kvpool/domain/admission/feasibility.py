@@ -138,10 +138,20 @@ def never_fits(state: PoolState, request: AdmissionRequest, tier: TierState) -> 
 
 
 def too_large_message(state: PoolState, request: AdmissionRequest, tier: TierState) -> str:
-    """Why a request can never fit, with the figures."""
+    """Why a request can never fit, for the tenant: no capacity figures (a tenant must
+    not learn the pool's per-tier capacity from error texts, issue 18.8); the figures are
+    :func:`too_large_detail`'s, for the operator's log."""
+    return (
+        f"the request is larger than tier {tier.name!r} of pool {state.pool.name!r} can "
+        "ever hold for one request: lower max_tokens (or n), or shorten the prompt"
+    )
+
+
+def too_large_detail(state: PoolState, request: AdmissionRequest, tier: TierState) -> str:
+    """The figures of a request that can never fit (operator log)."""
     cap = ceiling(state, tier)
     return (
-        f"the request needs {request.borrowing_tokens} KV tokens and {request.slots} "
-        f"slot(s); tier {tier.name!r} of pool {state.pool.name!r} can hold at most "
-        f"{cap.tokens} tokens and {cap.slots} slots for one request"
+        f"needs {request.borrowing_tokens} KV tokens and {request.slots} slot(s); tier "
+        f"{tier.name!r} of pool {state.pool.name!r} holds at most {cap.tokens} tokens and "
+        f"{cap.slots} slots for one request"
     )

@@ -132,9 +132,10 @@ class Reject:
     tier: str
     outcome: Literal["rejected-deadline", "rejected-capacity"]
     reason: str  # REASON_* constant (JSON error code, metric label)
-    message: str  # client-facing explanation
+    message: str  # client-facing explanation: no figures of the pool's state or capacity
     retry_after_seconds: float | None = None  # suggestion for the Retry-After header
     queued_seconds: float = 0.0  # time spent queued before the rejection
+    detail: str = ""  # the figures behind it, for the operator's logs only (never a tenant)
 
 
 Verdict = Admit | Queue | Reject
