@@ -57,7 +57,9 @@ class EngineWatcher:
         self.capacity = capacity
         self.poll_seconds = poll_seconds
         self._fetch = fetch
-        self._preemptions_seen: dict[str, int] = {}  # replica URL -> last preemption total
+        # pool -> replica URL -> its last preemption total; pruned with the replica (a
+        # replica that leaves the config) and the pool
+        self._preemptions_seen: dict[str, dict[str, int]] = {}
         self._kv_usage_series: dict[str, set[str]] = {}  # pool -> replicas with a usage gauge
 
     async def run(self) -> None:
@@ -73,8 +75,9 @@ class EngineWatcher:
                     log.warning("engine poll of pool %s failed: %s", name, exc)
 
     def forget_pool(self, pool: str) -> None:
-        """The pool left the config: drop its usage gauges."""
+        """The pool left the config: drop its usage gauges and preemption counts."""
         self._forget_kv_usage(pool, set())
+        self._preemptions_seen.pop(pool, None)
 
     def _forget_kv_usage(self, pool: str, polled: set[str]) -> None:
         """Drop the usage gauges of replicas no longer polled (gone, or not ready)."""
@@ -92,6 +95,10 @@ class EngineWatcher:
         adaptation = self.registry.adaptations.get(name)
         if runtime is None or adaptation is None:
             return
+        listed = {e.url for track in runtime.pool.tracks for e in track.endpoints}
+        seen = self._preemptions_seen.setdefault(name, {})
+        for url in set(seen) - listed:  # the replica left the config
+            del seen[url]
         endpoints = [e for track in runtime.pool.tracks for e in track.endpoints if e.ready]
         self._forget_kv_usage(name, {e.name for e in endpoints})
         if not endpoints:
@@ -102,8 +109,8 @@ class EngineWatcher:
             if load is None:
                 self.metrics.engine_poll_errors.labels(name).inc()
                 continue
-            before = self._preemptions_seen.get(endpoint.url)
-            self._preemptions_seen[endpoint.url] = load.preemptions_total
+            before = seen.get(endpoint.url)
+            seen[endpoint.url] = load.preemptions_total
             if before is not None and load.preemptions_total > before:
                 new += load.preemptions_total - before
             usage = load.kv_usage if usage is None else max(usage, load.kv_usage)
