@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from kvpool.api.common import LabelSelector
@@ -164,11 +164,34 @@ class CompiledPool(_Compiled):
 
 
 class BudgetWindow(_Compiled):
-    """One budget window of a tenant."""
+    """One budget window of a tenant. A hand-written config is held to what the operator
+    compiles (TenantBudget: windows 1m to 31d, budgets > 0): a window of 0 s divided by
+    zero on every request of the tenant (500), so a reader refuses it (the gateway keeps
+    its last good config)."""
 
     window_seconds: float
     tokens: int
     requests: int | None = None
+
+    @field_validator("window_seconds")
+    @classmethod
+    def _window_positive(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(
+                f"windowSeconds {value:g}: a budget window must be longer than 0 s "
+                "(TenantBudget windows are 1m to 31d, e.g. 60)"
+            )
+        return value
+
+    @field_validator("tokens", "requests")
+    @classmethod
+    def _budget_positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"{value}: a budget must be at least 1 (a tenant that may use nothing has "
+                "no TenantBudget; TenantBudget requires > 0)"
+            )
+        return value
 
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -193,6 +216,23 @@ class CompiledTenant(_Compiled):
     max_concurrency: int | None = None
     weight: int = 1
     over_budget: Literal["Reject", "Demote"] = "Reject"
+
+    @field_validator("max_concurrency")
+    @classmethod
+    def _concurrency_positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:  # 0 or -1 let nothing start: admission hung
+            raise ValueError(
+                f"maxConcurrency {value}: must be at least 1, or absent for no limit "
+                "(as TenantBudget spec.maxConcurrency)"
+            )
+        return value
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"weight {value}: must be at least 1 (1 is the default)")
+        return value
 
     def key_digests(self) -> tuple[str, ...]:
         """Every digest that authenticates this tenant, ``keySha256`` first."""
