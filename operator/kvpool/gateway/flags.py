@@ -242,7 +242,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-idle-timeout",
         type=positive_seconds,
         default=30.0,
-        help="longest pause between two chunks of a stream, seconds (default 30)",
+        help="longest pause between two chunks of a stream, and longest a write to a "
+        "streaming client may take (a client that stops reading is cut), seconds (default 30)",
     )
     parser.add_argument(
         "--upstream-timeout",

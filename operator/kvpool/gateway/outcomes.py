@@ -86,7 +86,7 @@ class Outcome:
     """How one admitted request ended; metrics and the access log read this, once."""
 
     status: int  # HTTP status the client got (499: client gone)
-    label: str  # ok, engine_rejected, client_gone, engine_stream_broken, <upstream code>
+    label: str  # ok, engine_rejected, client_gone, client_stalled, engine_stream_broken, <code>
     actual_tokens: int  # prompt + output the engine used (0: nothing known)
     charged_tokens: int  # what the budget was settled with (decide_settlement; 0: no charge)
     prompt_tokens: int | None  # as the engine reported
