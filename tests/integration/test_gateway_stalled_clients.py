@@ -132,7 +132,7 @@ async def test_never_reading_streams_are_cut_and_release_their_reservations(
         sent = time.monotonic()
         # 300 x ~2.5 MB to push before the last streams stall, 300 connections aborted,
         # metrics polled, on a loaded 2-core machine
-        slack = 8.0
+        slack = 20.0  # measured 9.1 s in all on an idle machine; CI runs beside other work
         peak, held, _, rss_stalled = await watch_release(gateway, IDLE_SECONDS + slack)
         released_after = time.monotonic() - sent
         assert held == 0, (
