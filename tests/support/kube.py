@@ -62,6 +62,9 @@ JSON_PATCH = "application/json-patch+json"
 T = TypeVar("T")
 
 
+MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the API server's limit on a request body
+
+
 class KubeApiError(Exception):
     """A failure status from the API; ``status`` is the HTTP code, ``body`` the Status object."""
 
@@ -274,7 +277,12 @@ class _EmulatorThread:
     async def _start(self) -> None:
         self.emulator = self._factory()
         await self.emulator.__aenter__()
-        server = aiohttp.web.Server(self.emulator, access_log=None)
+
+        def request_factory(*args: Any) -> aiohttp.web.BaseRequest:
+            # a real API server takes request bodies up to 3 MiB (aiohttp's default: 1 MiB)
+            return aiohttp.web.BaseRequest(*args, self._loop, client_max_size=MAX_REQUEST_BYTES)
+
+        server = aiohttp.web.Server(self.emulator, access_log=None, request_factory=request_factory)
         self._runner = aiohttp.web.ServerRunner(server, shutdown_timeout=1.0)
         await self._runner.setup()
         site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -35,6 +35,9 @@ itself, as one low-priority fallback, with these semantics:
   of what an operator does with objects a server would have refused;
 - deleting an object garbage-collects its dependents (``ownerReferences`` by uid,
   background cascading deletion);
+- size limits: a ConfigMap or Secret whose data exceeds 1 MiB is a 422 ``Invalid`` ("Too
+  long: may not be more than 1048576 bytes", the API server's wording), any object over
+  etcd's 1.5 MiB a 413, a request body over 3 MiB a 413;
 - field selectors: ``=``, ``==`` and ``!=`` on any field path (``kubectl describe`` asks
   for Events by ``involvedObject.*``).
 
@@ -101,7 +104,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # --- HTTP entry: kmock's __call__ with our own URL parsing --------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        body = await raw_request.read()
+        try:
+            body = await raw_request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge as e:  # as a real API server words it
+            return await self._render_error(
+                kube_error(413, "RequestEntityTooLarge", f"Request entity too large: {e.text}")
+            )
         request = self._parse_request(raw_request, body)
         self._requests.append(request)
         try:

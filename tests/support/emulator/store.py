@@ -14,6 +14,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import json
 import random
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -48,6 +49,39 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+# What a real API server allows: a ConfigMap's or Secret's data (keys and values) up to
+# 1 MiB (validation, 422 "Too long"), and any stored object up to etcd's 1.5 MiB request
+# limit (413 here; a real server answers "etcdserver: request is too large").
+DATA_LIMIT_BYTES = 1024 * 1024
+OBJECT_LIMIT_BYTES = 1536 * 1024
+
+
+def check_size(resource: ApiResource, obj: Obj) -> None:
+    """Refuse an object a real API server would not store, with its error text."""
+    if resource.kind in ("ConfigMap", "Secret"):
+        size = 0
+        for field in ("data", "binaryData", "stringData"):
+            for key, value in (obj.get(field) or {}).items():
+                size += len(str(key).encode()) + len(str(value).encode())
+        if size > DATA_LIMIT_BYTES:
+            name = obj["metadata"].get("name", "")
+            raise kube_error(
+                422,
+                "Invalid",
+                f'{resource.kind} "{name}" is invalid: []: Too long: may not be more than '
+                f"{DATA_LIMIT_BYTES} bytes (this one holds {size})",
+                name=name,
+                kind=resource.plural,
+            )
+    stored = len(json.dumps(obj, separators=(",", ":")).encode())
+    if stored > OBJECT_LIMIT_BYTES:
+        raise kube_error(
+            413,
+            "RequestEntityTooLarge",
+            f"etcdserver: request is too large ({stored} bytes, limit {OBJECT_LIMIT_BYTES})",
+        )
 
 
 def _without(obj: Obj, *keys: str) -> Obj:
@@ -227,6 +261,7 @@ class ObjectStore:
         if "status" in resource.subresources:
             obj.pop("status", None)
         obj = admit(resource, obj, field_validation)
+        check_size(resource, obj)
         if resource.store_key == CRD_KEY:
             for served in resources_of_crd(obj):
                 self.api_resources[(served.group, served.version, served.plural)] = served
@@ -276,6 +311,7 @@ class ObjectStore:
         )
         if new == old:
             return old
+        check_size(resource, new)
         if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         finalizers = new["metadata"].get("finalizers") or []
