@@ -10,7 +10,11 @@ admission controllers (in-flight reservations are kept).
   changes the inode; an editor's in-place write changes mtime/size), and parses it again
   when it changed.
 - :class:`ConfigMapSource` polls ``GET /api/v1/namespaces/NS/configmaps/NAME`` and parses
-  key ``config.json`` when ``metadata.resourceVersion`` changed. In a pod it uses the
+  key ``config.json`` only when ``metadata.resourceVersion`` changed (an unchanged poll
+  decodes a small index, off the event loop, and nothing else). A sharded config
+  (:mod:`kvpool.domain.config_shards`) is assembled from the index and the tenant shards
+  it names; shards are content-addressed, so only new ones are read, and a set that does
+  not match the index (a publish in progress) is read again on the next poll. In a pod it uses the
   service account (token and CA under ``/var/run/secrets/kubernetes.io/serviceaccount``);
   ``server``/``token`` may be given for tests. Polling (not a watch) keeps it simple and
   robust to API restarts; a 2 s interval is far below how often plans change.
@@ -30,11 +34,20 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
-from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
+from kvpool.api.admission_config import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    SHARD_TENANTS_KEY,
+    SHARDS_KEY,
+    AdmissionConfig,
+    ShardIndex,
+)
+from kvpool.domain.config_shards import ShardMismatchError, assemble_config
 
 log = logging.getLogger("kvpool.config")
 
@@ -163,6 +176,7 @@ class ConfigMapSource:
         self.access = access
         self.interval = interval
         self._version: str | None = None
+        self._shards: dict[str, str] = {}  # tenant shards held: name -> tenants.json
 
     @property
     def url(self) -> str:
@@ -181,42 +195,91 @@ class ConfigMapSource:
         timeout = aiohttp.ClientTimeout(total=10)
         return aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout)
 
-    async def fetch(self, session: aiohttp.ClientSession) -> tuple[str | None, AdmissionConfig]:
-        """The ConfigMap's resourceVersion and parsed config (raises ConfigError)."""
-        origin = f"configmap {self.namespace}/{self.name}"
+    def _url_of(self, name: str) -> str:
+        base = self.access.server.rstrip("/")
+        return f"{base}/api/v1/namespaces/{self.namespace}/configmaps/{name}"
+
+    async def _get(self, session: aiohttp.ClientSession, name: str) -> dict[str, Any]:
+        """One ConfigMap, decoded off the event loop (raises ConfigError)."""
+        origin = f"configmap {self.namespace}/{name}"
         try:
-            async with session.get(self.url) as resp:
+            async with session.get(self._url_of(name)) as resp:
+                if resp.status == 404 and name != self.name:
+                    raise ConfigError(f"{origin}: not found (a publish in progress? read again)")
                 if resp.status != 200:
                     raise ConfigError(f"{origin}: HTTP {resp.status}")
-                doc = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+                raw = await resp.read()
+            doc = await asyncio.to_thread(json.loads, raw)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ConfigError(f"{origin}: {type(exc).__name__}: {exc}") from exc
-        text = (doc.get("data") or {}).get(self.key)
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{origin}: not a JSON object")
+        return doc
+
+    async def fetch(
+        self, session: aiohttp.ClientSession, known: str | None = None
+    ) -> tuple[str | None, AdmissionConfig | None]:
+        """The index's resourceVersion and the parsed config, or ``(version, None)`` when
+        the resourceVersion is ``known`` (nothing parsed then). Raises ConfigError."""
+        origin = f"configmap {self.namespace}/{self.name}"
+        doc = await self._get(session, self.name)
+        version = (doc.get("metadata") or {}).get("resourceVersion")
+        if known is not None and version == known:
+            return version, None
+        data = doc.get("data") or {}
+        text = data.get(self.key)
         if not isinstance(text, str):
             raise ConfigError(f"{origin}: no key {self.key!r}")
-        version = (doc.get("metadata") or {}).get("resourceVersion")
-        return version, parse_config(text, origin)
+        index = await asyncio.to_thread(parse_config, text, origin)
+        shards_text = data.get(SHARDS_KEY)
+        if shards_text is None:
+            self._shards = {}
+            return version, index
+        try:
+            shard_index = ShardIndex.model_validate_json(shards_text)
+        except ValidationError as exc:
+            raise ConfigError(f"{origin}: {SHARDS_KEY}: {exc.errors()[0].get('msg')}") from exc
+        texts = {}
+        for ref in shard_index.tenant_shards:
+            cached = self._shards.get(ref.name)
+            if cached is None:
+                shard = await self._get(session, ref.name)
+                cached = (shard.get("data") or {}).get(SHARD_TENANTS_KEY)
+                if not isinstance(cached, str):
+                    raise ConfigError(f"configmap {self.namespace}/{ref.name}: no tenants")
+            texts[ref.name] = cached
+        try:
+            config = await asyncio.to_thread(assemble_config, index, shard_index, texts)
+        except (ShardMismatchError, ValidationError) as exc:
+            raise ConfigError(f"{origin}: tenant shards: {exc}") from exc
+        self._shards = texts  # shards are content-addressed: a name's text never changes
+        return version, config
 
     async def load(self) -> AdmissionConfig:
         """Fetch once (for start-up)."""
         async with self._session() as session:
             version, config = await self.fetch(session)
+        assert config is not None
         self._version = version
         return config
 
     async def watch(self, on_config: OnConfig, on_error: OnError | None = None) -> None:
-        """Poll forever (cancel the task to stop); deliver each new valid config."""
+        """Poll forever (cancel the task to stop); deliver each new valid config.
+
+        An unchanged index (same resourceVersion) is not parsed and no shard is read; a
+        changed one reads only the shards not already held.
+        """
         async with self._session() as session:
             while True:
                 await asyncio.sleep(self.interval)
                 try:
-                    version, config = await self.fetch(session)
+                    version, config = await self.fetch(session, self._version)
                 except ConfigError as exc:
                     log.error("config not reloaded, keeping the last good one: %s", exc)
                     if on_error is not None:
                         on_error(str(exc))
                     continue
-                if version is not None and version == self._version:
+                if config is None or (version is not None and version == self._version):
                     continue
                 self._version = version
                 log.info("config reloaded from configmap %s/%s", self.namespace, self.name)

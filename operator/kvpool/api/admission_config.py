@@ -22,6 +22,12 @@ from kvpool.api.common import LabelSelector
 FORMAT_VERSION: Final = 1
 CONFIGMAP_NAME = "kvpool-admission"
 CONFIGMAP_KEY = "config.json"
+# A large config is published in several ConfigMaps (docs/0002, "Sharding"): the index
+# ``kvpool-admission`` keeps pools and policies under ``config.json`` and names the tenant
+# shards under ``shards.json``; each shard keeps a JSON list of tenants under ``tenants.json``.
+SHARDS_KEY = "shards.json"
+SHARD_TENANTS_KEY = "tenants.json"
+SHARD_NAME_PREFIX = "kvpool-admission-tenants-"
 
 
 class _Compiled(BaseModel):
@@ -251,4 +257,28 @@ class AdmissionConfig(_Compiled):
 
     def to_json(self) -> str:
         """The canonical serialised form (stable key order, for hashing and diffs)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=None)
+
+
+class TenantShardRef(_Compiled):
+    """One tenant shard named by the index: the ConfigMap and the digest of its content."""
+
+    name: str = Field(description="The shard's ConfigMap (kvpool-admission-tenants-<digest>).")
+    sha256: Sha256Hex = Field(description="SHA-256 of the shard's tenants.json text.")
+    tenants: int = Field(ge=0, description="How many tenants the shard holds.")
+
+
+class ShardIndex(_Compiled):
+    """``shards.json`` of the index ConfigMap: which shards make up this generation.
+
+    Shards are content-addressed (their name carries their digest), so an index always
+    names a consistent set: a reader that sees this index and shards of matching digests
+    has exactly the config of ``generation``.
+    """
+
+    generation: str = Field(description="The config hash of the whole assembled config.")
+    tenant_shards: list[TenantShardRef]
+
+    def to_json(self) -> str:
+        """The canonical serialised form (as :meth:`AdmissionConfig.to_json`)."""
         return self.model_dump_json(by_alias=True, exclude_none=True, indent=None)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvpool.adapters import kube
-from kvpool.api.admission_config import CONFIGMAP_KEY, AdmissionConfig
+from kvpool.api.admission_config import CONFIGMAP_KEY, SHARDS_KEY, AdmissionConfig
 from kvpool.domain.compile import config_hash
 from kvpool.domain.drift import find_drift
 from kvpool.domain.manifests import ANNOTATION_CONFIG_HASH, ANNOTATION_SPEC_HASH
@@ -146,12 +146,31 @@ async def apply_admission_configmap(client: kube.KubeClient, desired: kube.JsonO
     return action
 
 
+async def apply_tenant_shard(client: kube.KubeClient, desired: kube.JsonObject) -> str:
+    """One tenant shard of a sharded config (content-addressed: created once, put back
+    when edited by hand)."""
+    _, action = await apply_owned(
+        client, kube.CONFIGMAPS, desired, owned=("data",), hash_annotation=ANNOTATION_CONFIG_HASH
+    )
+    return action
+
+
 def _config_drift(current: kube.JsonObject, desired: kube.JsonObject) -> list[str]:
-    """The stored config no longer hashes to kvpool's config-hash (``generatedAt`` aside)."""
-    text = (current.get("data") or {}).get(CONFIGMAP_KEY)
+    """The stored config no longer hashes to kvpool's config-hash (``generatedAt`` aside);
+    for the index of a sharded config: its pools and policies, or the shards it names,
+    differ from what kvpool wrote."""
+    data, want = current.get("data") or {}, desired.get("data") or {}
+    text = data.get(CONFIGMAP_KEY)
+    wanted: str | None
     try:
         stored = config_hash(AdmissionConfig.model_validate_json(text or ""))
+        if SHARDS_KEY in want:
+            wanted = config_hash(AdmissionConfig.model_validate_json(want[CONFIGMAP_KEY]))
+        else:
+            wanted = _annotation(desired, ANNOTATION_CONFIG_HASH)
     except ValueError:
         return [f"data.{CONFIGMAP_KEY}"]
-    want = _annotation(desired, ANNOTATION_CONFIG_HASH)
-    return [] if stored == want else [f"data.{CONFIGMAP_KEY}"]
+    drifted = [] if stored == wanted else [f"data.{CONFIGMAP_KEY}"]
+    if data.get(SHARDS_KEY) != want.get(SHARDS_KEY):
+        drifted.append(f"data.{SHARDS_KEY}")
+    return drifted

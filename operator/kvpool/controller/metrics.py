@@ -51,6 +51,13 @@ class OperatorMetrics:
             ["action"],
             registry=r,
         )
+        self.config_largest_object = Gauge(
+            "kvpool_operator_admission_config_largest_object_bytes",
+            "Bytes of data in the largest ConfigMap of the namespace's published admission "
+            "config (the API server refuses more than 1048576).",
+            ["namespace"],
+            registry=r,
+        )
         self.warm_replicas = Gauge(
             "kvpool_operator_warm_replicas",
             "Warm replicas planned per pool.",

@@ -4,7 +4,11 @@ Why it exists: the gateway enforces one compiled config per namespace, built fro
 pool's plan and endpoints, every TierPolicy and every tenant with a resolved key. This
 module gathers those inputs from the cache (no API reads per publish), hands them to the
 pure compiler (:func:`kvpool.domain.compile.build_admission_config`) and writes the
-ConfigMap only when the config hash changed.
+ConfigMap only when the config hash changed. A large config (thousands of tenants) is
+published as an index and tenant shards (:mod:`kvpool.domain.config_shards`), so no
+object nears the API server's 1 MiB limit; a publish that would still exceed it is
+refused with an error naming the object, and one near it is logged (the gauge
+``kvpool_operator_admission_config_largest_object_bytes`` shows the margin).
 
 Only what passes the checks of ``kvpool validate`` (:mod:`kvpool.domain.validity`) is
 compiled. Fail-static (:mod:`kvpool.domain.fail_static`): the last published entry of a
@@ -24,7 +28,13 @@ from collections.abc import Mapping
 import pydantic
 
 from kvpool.adapters import kube
-from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME, AdmissionConfig
+from kvpool.api.admission_config import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    SHARD_NAME_PREFIX,
+    SHARD_TENANTS_KEY,
+    AdmissionConfig,
+)
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
@@ -45,6 +55,12 @@ from kvpool.domain.compile import (
     build_endpoints,
     config_hash,
     parse_static_endpoints,
+)
+from kvpool.domain.config_shards import (
+    OBJECT_LIMIT_BYTES,
+    SizeVerdict,
+    assess_sizes,
+    plan_shards,
 )
 from kvpool.domain.fail_static import keep_last_good
 from kvpool.domain.revision import revision_of
@@ -184,11 +200,71 @@ async def publish_namespace(state: OperatorState, namespace: str) -> None:
     held_policies, held_pools = _held(cache, namespace, verdicts)
     previous = await _previous(state.kube, state.published, namespace)
     config = keep_last_good(compiled.config, previous, held_policies, held_pools)
-    desired = m.build_admission_configmap(namespace, config.to_json(), config_hash(config))
     try:
-        action = await apply.apply_admission_configmap(state.kube, desired)
-    except kube.ApiError:
+        action, verdict = await apply_admission_config(state.kube, namespace, config)
+    except (kube.ApiError, ConfigTooLargeError):
         state.metrics.errors.labels("publish").inc()
         raise
     state.published[namespace] = config
     state.metrics.publishes.labels(action).inc()
+    state.metrics.config_largest_object.labels(namespace).set(verdict.largest_bytes)
+
+
+class ConfigTooLargeError(Exception):
+    """A ConfigMap of the compiled config would exceed the API server's 1 MiB limit."""
+
+
+async def apply_admission_config(
+    client: kube.KubeClient, namespace: str, config: AdmissionConfig
+) -> tuple[str, SizeVerdict]:
+    """Write ``config`` as one ConfigMap, or as an index and tenant shards when large
+    (:mod:`kvpool.domain.config_shards`); returns the index's action and the size verdict.
+
+    Order: new shards first, then the index that names them, then shards no index names
+    any more are deleted, so a gateway reading at any moment finds a consistent set.
+    Refuses (before writing anything) when an object would exceed 1 MiB; warns when one
+    is above 900 KiB.
+    """
+    generation = config_hash(config)
+    sharded = plan_shards(config, generation)
+    shards_json = sharded.shard_index.to_json() if sharded.shard_index is not None else None
+    desired = m.build_admission_configmap(namespace, sharded.index_text, generation, shards_json)
+    objects = {CONFIGMAP_NAME: desired["data"]}
+    for shard in sharded.shards:
+        objects[shard.name] = {SHARD_TENANTS_KEY: shard.text}
+    verdict = assess_sizes(objects)
+    if not verdict.publishable:
+        log.error(
+            "the admission config of %s is not published: ConfigMap %s would hold %d bytes, "
+            "over the API server's limit of %d (the index holds every pool and tier policy "
+            "of the namespace: split the pools over more namespaces)",
+            namespace, verdict.largest, verdict.largest_bytes, OBJECT_LIMIT_BYTES,
+        )  # fmt: skip
+        raise ConfigTooLargeError(
+            f"ConfigMap {namespace}/{verdict.largest}: {verdict.largest_bytes} bytes, over "
+            f"the {OBJECT_LIMIT_BYTES}-byte limit"
+        )
+    if verdict.verdict == "near":
+        log.warning(
+            "the admission config of %s is near the ConfigMap limit: %s holds %d bytes "
+            "(limit %d)",
+            namespace, verdict.largest, verdict.largest_bytes, OBJECT_LIMIT_BYTES,
+        )  # fmt: skip
+    for shard in sharded.shards:
+        await apply.apply_tenant_shard(
+            client, m.build_tenant_shard_configmap(namespace, shard.name, shard.text)
+        )
+    action = await apply.apply_admission_configmap(client, desired)
+    keep = {shard.name for shard in sharded.shards}
+    for old in await client.list_objects(
+        kube.CONFIGMAPS, namespace, {m.LABEL_CONFIG_PART: m.CONFIG_PART_TENANTS}
+    ):
+        name = (old.get("metadata") or {}).get("name", "")
+        if name.startswith(SHARD_NAME_PREFIX) and name not in keep:
+            await client.delete(kube.CONFIGMAPS, namespace, name)
+    if sharded.shards:
+        log.info(
+            "admission config of %s published as %d tenant shards (largest object %s: %d "
+            "bytes)", namespace, len(sharded.shards), verdict.largest, verdict.largest_bytes,
+        )  # fmt: skip
+    return action, verdict

@@ -36,7 +36,12 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from kvpool.api.admission_config import CONFIGMAP_KEY, CONFIGMAP_NAME
+from kvpool.api.admission_config import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    SHARD_TENANTS_KEY,
+    SHARDS_KEY,
+)
 from kvpool.api.common import API_VERSION
 from kvpool.api.core import EnvVar
 from kvpool.api.modelpool import ModelPool
@@ -51,6 +56,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kvpool"
 ANNOTATION_SPEC_HASH = "kvpool.dev/spec-hash"
 ANNOTATION_CONFIG_HASH = "kvpool.dev/config-hash"
+LABEL_CONFIG_PART = "kvpool.dev/admission-config"  # tenant shards of the compiled config
+CONFIG_PART_TENANTS = "tenants"
 ANNOTATION_STATIC_ENDPOINTS = "kvpool.dev/static-endpoints"  # local mode: a pool's engines
 ANNOTATION_CANARY_STATIC_ENDPOINTS = "kvpool.dev/canary-static-endpoints"  # and its canary's
 ANNOTATION_ROLLOUT = "kvpool.dev/rollout"  # a user's rollout action (resume, abort, ...)
@@ -277,12 +284,19 @@ def build_pdb(pool: ModelPool, replicas: int) -> JsonObject:
     }
 
 
-def build_admission_configmap(namespace: str, config_json: str, config_hash: str) -> JsonObject:
+def build_admission_configmap(
+    namespace: str, config_json: str, config_hash: str, shards_json: str | None = None
+) -> JsonObject:
     """The ConfigMap ``kvpool-admission`` holding the compiled admission config.
 
     ``config_hash`` is the hash of the content without ``generatedAt``: the operator
-    rewrites the ConfigMap only when it differs.
+    rewrites the ConfigMap only when it differs. With ``shards_json`` it is the index of a
+    sharded config (:mod:`kvpool.domain.config_shards`): ``config.json`` then holds the
+    pools and policies and ``shards.json`` names the tenant shards.
     """
+    data = {CONFIGMAP_KEY: config_json}
+    if shards_json is not None:
+        data[SHARDS_KEY] = shards_json
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -292,5 +306,21 @@ def build_admission_configmap(namespace: str, config_json: str, config_hash: str
             "labels": {LABEL_MANAGED_BY: MANAGED_BY},
             "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
         },
-        "data": {CONFIGMAP_KEY: config_json},
+        "data": data,
+    }
+
+
+def build_tenant_shard_configmap(namespace: str, name: str, tenants_json: str) -> JsonObject:
+    """One tenant shard of a sharded admission config (its name carries its digest, so
+    its content never changes; the operator deletes it once no index names it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONFIG_PART: CONFIG_PART_TENANTS},
+            "annotations": {ANNOTATION_CONFIG_HASH: name.rsplit("-", 1)[-1]},
+        },
+        "data": {SHARD_TENANTS_KEY: tenants_json},
     }
