@@ -666,6 +666,24 @@ def test_kubectl_reads_and_deletes_one_object(kube_api: KubeApi) -> None:
     assert kube_api.client.request("GET", pools(name="a")).status == 404
 
 
+@pytest.mark.usefixtures("kubectl_installed")
+def test_kubectl_explain_describes_our_fields_from_the_crd_schemas(kube_api: KubeApi) -> None:
+    # kubectl explain reads /openapi/v3 (it answered NotFound when none was served)
+    spec = kube_api.kubectl("explain", "modelpools.spec").stdout
+    limits = kube_api.kubectl("explain", "tb.spec.limits").stdout
+
+    assert "KIND:       ModelPool" in spec and "VERSION:    v1alpha1" in spec
+    assert "Desired state of a pool of warm vLLM replicas of one model." in spec
+    assert "tierPolicyRef\t<Object> -required-" in spec
+    assert "TierPolicy (same namespace) whose tiers share this pool." in spec
+    assert "window\t<string> -required-" in limits, limits
+
+    discovery = kube_api.client.request("GET", "/openapi/v3").body
+    assert sorted(discovery["paths"]) == ["apis/kvpool.dev/v1alpha1"]
+    unknown = kube_api.client.request("GET", "/openapi/v3/apis/nope.dev/v1")
+    assert unknown.status == 404
+
+
 def test_kube_api_env_lets_the_official_client_log_in(kube_api_env: KubeApi) -> None:
     from kubernetes import client, config
 

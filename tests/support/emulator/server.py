@@ -25,6 +25,7 @@ itself, as one low-priority fallback, with these semantics:
   ``kubectl get`` shows them;
 - discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``) lists the
   built-in resources below and every registered CRD with shortNames and categories;
+  ``/openapi/v3`` serves each CRD's schema (:mod:`.openapi`), so ``kubectl explain`` works;
 - custom resources are admitted as an API server admits them: schema defaults applied,
   unknown fields pruned (refused with ``?fieldValidation=Strict``), then the CRD's
   OpenAPI schema and ``x-kubernetes-validations`` (CEL) enforced with
@@ -48,8 +49,8 @@ built-in kinds.
 
 The parts: :mod:`.resources` (what is served, discovery), :mod:`.store` (objects, the
 resourceVersion counter, the event log, watches), :mod:`.admission` (defaults, pruning,
-schema and CEL), :mod:`.selectors` (label and field selectors), :mod:`.tables`
-(``kubectl get`` Tables); this module is the HTTP layer on kmock.
+schema and CEL), :mod:`.openapi` (``/openapi/v3``), :mod:`.selectors` (label and field
+selectors), :mod:`.tables` (``kubectl get`` Tables); this module is the HTTP layer on kmock.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ import attrs
 import kmock
 from kmock._internal import apps, enums, references, rendering
 
+from tests.support.emulator.openapi import PREFIX as OPENAPI_PREFIX
+from tests.support.emulator.openapi import openapi_v3
 from tests.support.emulator.resources import ApiResource, Obj, Route, discovery, kube_error
 from tests.support.emulator.store import ObjectStore
 from tests.support.emulator.tables import TABLE_ACCEPT, build_table
@@ -182,6 +185,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _serve(self, request: rendering.Request) -> Obj | aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"
+        if path == OPENAPI_PREFIX or path.startswith(OPENAPI_PREFIX + "/"):
+            return openapi_v3(path, list(self.state.api_resources.values()))
         route = Route.parse(path)
         if route is None or route.plural is None:
             return discovery(path, route, list(self.state.api_resources.values()))
