@@ -39,9 +39,10 @@ def texts(
 @pytest.mark.parametrize(
     ("tenants", "inline", "target", "shards"),
     [
-        pytest.param(2, 64 * 1024, 256 * 1024, 0, id="small-config-stays-one-document"),
+        pytest.param(2, 256 * 1024, 256 * 1024, 0, id="small-config-stays-one-document"),
+        pytest.param(1200, 256 * 1024, 256 * 1024, 0, id="1200-tenants-under-256-KiB-inline"),
         pytest.param(400, 64 * 1024, 256 * 1024, 1, id="over-inline-one-shard"),
-        pytest.param(3000, 64 * 1024, 256 * 1024, 3, id="3000-tenants-three-shards"),
+        pytest.param(3000, 256 * 1024, 256 * 1024, 3, id="3000-tenants-three-shards"),
         pytest.param(300, 1024, 8 * 1024, 8, id="small-target-many-shards"),
     ],
 )

@@ -33,7 +33,9 @@ from kvpool.api.admission_config import (
     CONFIGMAP_NAME,
     SHARD_NAME_PREFIX,
     SHARD_TENANTS_KEY,
+    SHARDS_KEY,
     AdmissionConfig,
+    ShardIndex,
 )
 from kvpool.api.modelpool import ModelPool, ModelPoolStatus
 from kvpool.api.tenantbudget import TenantBudget
@@ -210,6 +212,18 @@ async def publish_namespace(state: OperatorState, namespace: str) -> None:
     state.metrics.config_largest_object.labels(namespace).set(verdict.largest_bytes)
 
 
+async def _published_shards(client: kube.KubeClient, namespace: str) -> set[str]:
+    """The tenant shards the index now published names (to delete those it no longer will)."""
+    body = await client.get(kube.CONFIGMAPS, namespace, CONFIGMAP_NAME)
+    text = ((body or {}).get("data") or {}).get(SHARDS_KEY)
+    try:
+        index = ShardIndex.model_validate_json(text) if text else None
+    except pydantic.ValidationError:
+        return set()
+    names = {ref.name for ref in index.tenant_shards} if index is not None else set()
+    return {name for name in names if name.startswith(SHARD_NAME_PREFIX)}
+
+
 class ConfigTooLargeError(Exception):
     """A ConfigMap of the compiled config would exceed the API server's 1 MiB limit."""
 
@@ -220,8 +234,9 @@ async def apply_admission_config(
     """Write ``config`` as one ConfigMap, or as an index and tenant shards when large
     (:mod:`kvpool.domain.config_shards`); returns the index's action and the size verdict.
 
-    Order: new shards first, then the index that names them, then shards no index names
-    any more are deleted, so a gateway reading at any moment finds a consistent set.
+    Order: new shards first, then the index that names them, then the shards the
+    previous index named and this one does not are deleted, so a gateway reading at any
+    moment finds a consistent set (or a 404 for a shard just deleted, and reads again).
     Refuses (before writing anything) when an object would exceed 1 MiB; warns when one
     is above 900 KiB.
     """
@@ -254,15 +269,11 @@ async def apply_admission_config(
         await apply.apply_tenant_shard(
             client, m.build_tenant_shard_configmap(namespace, shard.name, shard.text)
         )
+    before = await _published_shards(client, namespace)
     action = await apply.apply_admission_configmap(client, desired)
-    keep = {shard.name for shard in sharded.shards}
-    for old in await client.list_objects(
-        kube.CONFIGMAPS, namespace, {m.LABEL_CONFIG_PART: m.CONFIG_PART_TENANTS}
-    ):
-        name = (old.get("metadata") or {}).get("name", "")
-        if name.startswith(SHARD_NAME_PREFIX) and name not in keep:
-            await client.delete(kube.CONFIGMAPS, namespace, name)
-    if sharded.shards:
+    for name in sorted(before - {shard.name for shard in sharded.shards}):
+        await client.delete(kube.CONFIGMAPS, namespace, name)
+    if sharded.shards and action != "unchanged":
         log.info(
             "admission config of %s published as %d tenant shards (largest object %s: %d "
             "bytes)", namespace, len(sharded.shards), verdict.largest, verdict.largest_bytes,

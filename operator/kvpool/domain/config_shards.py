@@ -46,7 +46,7 @@ from kvpool.api.admission_config import (
 
 OBJECT_LIMIT_BYTES: Final = 1024 * 1024  # the API server's limit on a ConfigMap's data
 NEAR_LIMIT_BYTES: Final = 900 * 1024  # above this an object is "near the limit": warn
-INLINE_BYTES: Final = 64 * 1024  # a config up to this size stays one document
+INLINE_BYTES: Final = 256 * 1024  # a config up to this size stays one document
 SHARD_TARGET_BYTES: Final = 256 * 1024  # what one tenant shard should hold, about
 SHARD_MAX_BYTES: Final = 512 * 1024  # a shard above this (hash skew) means one shard more
 
