@@ -38,7 +38,9 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "kvpool"
 RELEASE_NS = "kvpool-system"
 # Granted but not an API call: OpenShift's OwnerReferencesPermissionEnforcement checks it
 # when the operator sets blockOwnerDeletion on a child's ownerReference.
-EXCEPTIONS = {("kvpool.dev", "modelpools/finalizers", "update")}
+# Deleting a ConfigMap happens only when a sharded config drops a tenant shard (a
+# namespace with thousands of tenants: tests/integration/test_config_shards.py).
+EXCEPTIONS = {("kvpool.dev", "modelpools/finalizers", "update"), ("", "configmaps", "delete")}
 CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
 Grant = tuple[str, str, str, str]  # (apiGroup, resource[/subresource], verb, scope)
 

@@ -128,7 +128,8 @@ def test_gateway_reads_the_compiled_config_leases_the_plan_and_uses_redis() -> N
             "resources": ["configmaps"],
             "resourceNames": ["kvpool-admission"],
             "verbs": ["get", "watch"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},  # tenant shards
     ]
     assert len(by_kind(docs, "ServiceMonitor")) == 2
 
