@@ -10,19 +10,33 @@ unchanged config leave its event loop free (lag p99 under 10 ms).
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from kvpool.adapters import kube
 from kvpool.adapters.config_source import ConfigMapSource, KubeAccess
-from kvpool.api.admission_config import CONFIGMAP_NAME, AdmissionConfig
+from kvpool.api.admission_config import CONFIGMAP_NAME, SHARDS_KEY, AdmissionConfig
 from kvpool.controller.publisher import ConfigTooLargeError, apply_admission_config
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import config_hash
 from kvpool.domain.config_shards import data_bytes
 from tests.builders.compiled import AdmissionConfigBuilder, standard_admission_config
+from tests.integration.test_offline_compile import (
+    ENDPOINTS,
+    EXAMPLES,
+    apply_examples,
+    without_time,
+)
+from tests.operator_process import run_operator
 from tests.support.kube import KubeApi, KubeApiError, resource_path
 from tests.support.waiting import wait_until_async
 
@@ -177,3 +191,69 @@ async def test_unchanged_polls_of_10000_tenants_leave_the_loop_free(
         assert new_reads == len(configmaps(kube_api)) - 1 + 1, new_reads
     finally:
         watcher.cancel()
+
+
+def many_tenant_manifests(count: int) -> list[dict[str, Any]]:
+    """``count`` TenantBudgets of the examples' policy, each with its key Secret."""
+    docs: list[dict[str, Any]] = []
+    for i in range(count):
+        name = f"bulk-{i:04d}"
+        docs.append({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": f"key-{name}", "namespace": "llm",
+                         "labels": {"kvpool.dev/api-key": "true"}},
+            "type": "Opaque", "stringData": {"api-key": f"sk-{name}-0123456789"},
+        })  # fmt: skip
+        docs.append({
+            "apiVersion": "kvpool.dev/v1alpha1", "kind": "TenantBudget",
+            "metadata": {"name": name, "namespace": "llm", "labels": {"team": f"t{i % 7}"}},
+            "spec": {"tenant": name, "apiKeySecretRef": {"name": f"key-{name}", "key": "api-key"},
+                     "tierPolicyRef": {"name": "standard"}, "tiers": ["batch"],
+                     "limits": [{"window": "1h", "tokens": 1000000}]},
+        })  # fmt: skip
+    return docs
+
+
+@pytest.mark.timeout(240)
+async def test_compile_equals_the_sharded_configmaps_the_operator_publishes(
+    kube_api: KubeApi, tmp_path: Path
+) -> None:
+    # Given examples/ plus 1,500 tenants (over 256 KiB: published as index + shards)
+    manifests = tmp_path / "manifests"
+    shutil.copytree(EXAMPLES, manifests, ignore=shutil.ignore_patterns("compose"))
+    extra = many_tenant_manifests(1500)
+    (manifests / "many-tenants.yaml").write_text(yaml.safe_dump_all(extra))
+    source = ConfigMapSource("llm", KubeAccess(server=kube_api.url))
+
+    async def assembled() -> AdmissionConfig | None:
+        index = kube_api.client.request(
+            "GET", resource_path("v1", "configmaps", "llm", "kvpool-admission")
+        )
+        if index.status != 200 or SHARDS_KEY not in index.body["data"]:
+            return None
+        config = await source.load()
+        complete = len(config.tenants) == 1503 and all(p.plan_ok for p in config.pools)
+        return config if complete else None
+
+    with run_operator(kube_api, tmp_path):
+        apply_examples(kube_api)
+        for doc in extra:
+            plural = "secrets" if doc["kind"] == "Secret" else "tenantbudgets"
+            kube_api.client.create(resource_path(doc["apiVersion"], plural, "llm"), doc)
+        from_operator = None
+        deadline = time.monotonic() + 180
+        while from_operator is None and time.monotonic() < deadline:
+            from_operator = await assembled()
+            await asyncio.sleep(1.0)
+    assert from_operator is not None, "the operator never published 1,503 tenants in shards"
+
+    out = tmp_path / "config.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool.cli", "compile", "-f", str(manifests),
+         "--endpoints", f"llama-8b={ENDPOINTS}", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    compiled = json.loads(out.read_text())  # one document, as compile always writes
+    assert len(compiled["tenants"]) == 1503
+    assert without_time(compiled) == without_time(json.loads(from_operator.to_json()))
