@@ -112,6 +112,11 @@ bench: deps ## run every benchmark (writes bench/results/; ~20 min)
 bench-protection: deps ## interactive TTFT under a batch flood: alone, FCFS, engine priority, kvpool
 	$(PY) bench/protection.py $(if $(QUICK),--quick)
 
+.PHONY: bench-peers
+bench-peers: deps ## issue 19: kvpool vs FCFS, priority-only and vllm-router (2 pinned engines), planner-made configs (QUICK=1, MIX=long-prompt)
+	scripts/ensure-vllm-router.sh >/dev/null
+	$(PY) bench/peers.py $(if $(QUICK),--quick) $(if $(MIX),--mix $(MIX))
+
 .PHONY: bench-gateway
 bench-gateway: deps ## gateway added latency at 100 streams and decisions/s
 	$(PY) bench/gateway_overhead.py $(if $(QUICK),--quick)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,12 +199,21 @@ def pool_manifest(
 
 
 def write_manifests(
-    mix: Mix, directory: Path, replicas: int, tokenizer_path: Path | None, **engine: int
+    mix: Mix,
+    directory: Path,
+    replicas: int,
+    tokenizer_path: Path | None,
+    edit_policy: Callable[[dict[str, Any]], None] | None = None,
+    **engine: int,
 ) -> Path:
-    """The examples' TierPolicy and tenants plus the scaled ModelPool, in ``directory``."""
+    """The examples' TierPolicy and tenants plus the scaled ModelPool, in ``directory``;
+    ``edit_policy`` changes the TierPolicy document first (a sweep of one of its fields)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("tierpolicy.yaml", "tenants.yaml"):
-        (directory / name).write_text((EXAMPLES / name).read_text())
+    (directory / "tenants.yaml").write_text((EXAMPLES / "tenants.yaml").read_text())
+    policy = yaml.safe_load((EXAMPLES / "tierpolicy.yaml").read_text())
+    if edit_policy is not None:
+        edit_policy(policy)
+    (directory / "tierpolicy.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
     manifest = pool_manifest(mix, replicas, tokenizer_path, **engine)
     (directory / "modelpool-tiny.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     return directory
@@ -216,20 +225,25 @@ def compile_mix(
     workdir: Path,
     *,
     tokenizer_path: Path | None = None,
+    edit_policy: Callable[[dict[str, Any]], None] | None = None,
+    name: str | None = None,
     **engine: int,
 ) -> BenchPlan:
     """Compile ``mix`` for the engines at ``endpoints`` (``{"tiny": [url, ...]}`` or just
     the URLs) as ``kvpool compile`` does; the planner sizes one replica per URL.
 
-    ``engine`` overrides ``kv_tokens``, ``max_num_seqs``, ``max_model_len``. Raises
+    ``engine`` overrides ``kv_tokens``, ``max_num_seqs``, ``max_model_len``;
+    ``edit_policy`` edits the examples' TierPolicy document; ``name`` (default: the mix's)
+    names the files written under ``workdir``. Raises
     ValueError naming every problem when the manifests do not compile.
     """
     chosen = MIXES[mix] if isinstance(mix, str) else mix
     urls = list(endpoints.get(POOL, ())) if isinstance(endpoints, Mapping) else list(endpoints)
     if not urls:
         raise ValueError(f"compile_mix: no engine URL for pool {POOL!r}; give {{{POOL!r}: [url]}}")
+    label = name or chosen.name
     directory = write_manifests(
-        chosen, workdir / f"manifests-{chosen.name}", len(urls), tokenizer_path, **engine
+        chosen, workdir / f"manifests-{label}", len(urls), tokenizer_path, edit_policy, **engine
     )
     result = compile_manifests([str(directory)], {POOL: ",".join(urls)}, {}, namespace=NAMESPACE)
     if result.config is None:
@@ -244,7 +258,7 @@ def compile_mix(
             f"compile_mix({chosen.name!r}): no plan for pool {POOL!r}: "
             + "; ".join(result.warnings)
         )
-    config_path = workdir / f"config-{chosen.name}.json"
+    config_path = workdir / f"config-{label}.json"
     config_path.write_text(result.config.to_json() + "\n")
     manifest = pool_manifest(chosen, len(urls), tokenizer_path, **engine)
     return BenchPlan(

@@ -138,3 +138,22 @@ def bootstrap_ratio_interval(
 def words_text(rng: random.Random, words: int, vocabulary: Sequence[str]) -> str:
     """``words`` words drawn from ``vocabulary`` (seeded: the same load every run)."""
     return " ".join(rng.choice(vocabulary) for _ in range(words))
+
+
+def bootstrap_percentile_interval(
+    values: Sequence[float], q: float, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A 95 % percentile-bootstrap interval of ``percentile(values, q)`` (ms in, ms out):
+    how far one run's p95 (or p99) could move on a rerun. None without values."""
+    if not values:
+        return None
+    rng = random.Random(seed)
+    found = sorted(
+        p
+        for p in (percentile(rng.choices(values, k=len(values)), q) for _ in range(resamples))
+        if p is not None
+    )
+    return (
+        round(found[int(0.025 * (len(found) - 1))], 1),
+        round(found[int(0.975 * (len(found) - 1))], 1),
+    )

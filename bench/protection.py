@@ -11,9 +11,11 @@ schedule in every scenario:
 - ``batch-alone``  the batch tenant alone, direct (its throughput with the engine to itself);
 - ``fcfs``         both direct, engine ``--scheduling-policy fcfs``;
 - ``priority``     both direct, engine priority scheduling, interactive priority 0, batch 1;
-- ``kvpool``       both through a ``kvpool gateway`` process (tiers interactive 40 % floor,
-                   never lent; batch 40 %; 20 % shared; the gateway sets engine
-                   priorities and reserves KV per request) on the priority engine.
+- ``kvpool``       both through a ``kvpool gateway`` process on the priority engine, its
+                   config compiled by the planner from the examples' manifests
+                   (bench/bench_manifests.py: interactive floor 50 % lending all, batch
+                   30 % lending half; the gateway sets engine priorities and reserves KV
+                   per request).
 
 Two engines run (one FCFS, one priority; prefix caching off so repeated prompts do not get
 cheaper), and the scenarios run in interleaved rounds (shuffled each round): the machine's
@@ -31,7 +33,7 @@ time (mean, ``vllm:request_queue_time_seconds``), the gateway's queue time per t
 (kvpool), batch output tokens per second, engine preemptions
 (``vllm:num_preemptions_total``), and rejections. Targets (from the issue): through kvpool,
 interactive p95 TTFT within 1.5x of ``alone``, while batch keeps at least its floor share
-(40 %) of its ``batch-alone`` token throughput.
+(30 %) of its ``batch-alone`` token throughput.
 
     .venv/bin/python bench/protection.py            # full: 80 s a scenario in 4 rounds (~8 min)
     .venv/bin/python bench/protection.py --quick    # smoke: 16 s a scenario, 2 rounds (~3 min)
@@ -67,11 +69,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
+from bench_manifests import KEYS, POOL, compile_mix
 from benchkit import (
     fetch_text,
     machine_info,
@@ -90,8 +92,8 @@ PLOT = Path(__file__).resolve().parent / "results" / "protection.png"
 REPO = Path(__file__).resolve().parent.parent
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 16
-INTERACTIVE_KEY, BATCH_KEY = "sk-interactive", "sk-batch"
-BATCH_FLOOR_PERCENT = 40
+INTERACTIVE_KEY, BATCH_KEY = KEYS["interactive"], KEYS["batch"]  # examples/tenants.yaml
+BATCH_FLOOR_PERCENT = 30  # examples/tierpolicy.yaml
 TARGET_TTFT_RATIO = 1.5
 
 WORDS = [
@@ -359,29 +361,20 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def gateway_config(engine: VllmEngine) -> AdmissionConfigBuilder:
-    return (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=40, lend=0, wait=5.0)
-        .tier("batch", floor=BATCH_FLOOR_PERCENT, lend=100, wait=60.0)
-        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=KV_BYTES // 1024,
-            slots_per_replica=MAX_NUM_SEQS,
-            max_model_len=512,
-            output_p95=64,
-            tokenizer_path=tiny_model_dir() / "tokenizer.json",
-        )
-        .tenant(
-            "interactive",
-            key=INTERACTIVE_KEY,
-            tiers=["interactive", "batch"],
-            labels={"class": "interactive"},
-        )
-        .tenant("batch", key=BATCH_KEY, tiers=["batch"])
+def gateway_config(engine: VllmEngine, workdir: Path) -> Path:
+    """The examples' manifests compiled by the planner for this engine (bench_manifests:
+    the examples' mix, maxNumSeqs 16, maxModelLen 512): the chat tenant is interactive
+    (floor 50 %), the summarizer batch (floor 30 %). Prints the plan; returns the file."""
+    plan = compile_mix(
+        "examples",
+        {POOL: [engine.base_url]},
+        workdir,
+        tokenizer_path=tiny_model_dir() / "tokenizer.json",
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=512,
     )
+    print(plan.describe(), flush=True)
+    return plan.config_path
 
 
 ENGINE_CORE = 0  # with --pin: engines here ...
@@ -422,7 +415,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             engines[policy] = await asyncio.to_thread(start_engine, policy, workdir, args.pin)
         if args.pin:  # from here on: this process and the gateway it starts
             pin_process({CLIENT_CORE})  # the load generator and the gateway
-        config_path = gateway_config(engines["priority"]).write(workdir / "config.json")
+        config_path = gateway_config(engines["priority"], workdir)
         gateway = GatewayProcess(
             config_path, workdir / "gateway.log", extra_args=("--no-access-log",)
         )

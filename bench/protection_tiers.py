@@ -3,7 +3,9 @@
 Why this module exists: kvpool must beat what a user gets from vLLM alone. One real vLLM
 CPU engine (2048 KV tokens, 8 sequences, maxModelLen 512, priority scheduling) serves the
 TierPolicy of ``examples/tierpolicy.yaml`` (interactive 50 % lends all and reclaims by
-Preempt, batch 30 % lends half, eval 10 %; engine priorities 0/10/20):
+Preempt, batch 30 % lends half, eval 10 %; engine priorities 0/10/20), the gateway's config
+compiled by the planner from the examples' manifests (bench/bench_manifests.py, the
+examples' mix at maxModelLen 512; the plan is printed):
 
 - a Poisson **chat** tenant (interactive; ~30-word prompts, 16 streamed output tokens);
 - a **batch** flood: ``--batch-workers`` (12) closed-loop workers, ~400-token prompts,
@@ -48,11 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from tests.builders import AdmissionConfigBuilder
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
 from tests.support.tiny_model import tiny_model_dir
 
+from bench_manifests import KEYS, POOL, PRIORITY, compile_mix
 from benchkit import (
     bootstrap_ratio_interval,
     fetch_text,
@@ -67,8 +69,6 @@ from benchkit import (
 KV_BYTES = 2 * 1024 * 1024  # 2048 tokens of the tiny model
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 512
-KEYS = {"interactive": "sk-chat", "batch": "sk-batch", "eval": "sk-eval"}
-PRIORITY = {"interactive": 0, "batch": 10, "eval": 20}  # examples/tierpolicy.yaml
 FLOORS = {"interactive": 50, "batch": 30, "eval": 10}
 EXAMPLE_TTFT_TARGET = 0.8
 WORDS = ["the", "a", "model", "token", "cache", "tier", "floor", "budget", "engine", "queue"]
@@ -165,7 +165,7 @@ async def _chat(
 
     async def one(prompt: str) -> None:
         body: dict[str, Any] = {
-            "model": "tiny",
+            "model": POOL,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": 16,
             "stream": True,
@@ -207,7 +207,7 @@ async def _worker(
     rng = random.Random(seed)
     while time.monotonic() < stop_at:
         body: dict[str, Any] = {
-            "model": "tiny",
+            "model": POOL,
             "prompt": _text(rng, words),
             "max_tokens": max_tokens,
             "ignore_eos": True,
@@ -285,38 +285,29 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def gateway_config(engine: VllmEngine, ttft_target: float | None) -> AdmissionConfigBuilder:
-    """examples/tierpolicy.yaml as the gateway compiles it, on one replica."""
-    return (
-        AdmissionConfigBuilder()
-        .tier(
-            "interactive",
-            floor=50,
-            lend=100,
-            wait=2.0,
-            engine_priority=0,
-            reclaim="Preempt",
-            ttft=ttft_target,
-        )
-        .tier("batch", floor=30, lend=50, wait=120.0, engine_priority=10)
-        .tier("eval", floor=10, lend=100, wait=600.0, engine_priority=20)
-        .rule("interactive", path_prefix="/v1/chat", labels={"class": "interactive"})
-        .rule("batch", labels={"class": "batch"})
-        .pool(
-            "tiny",
-            [engine.base_url],
-            tokens_per_replica=KV_BYTES // 1024,
-            slots_per_replica=MAX_NUM_SEQS,
-            max_model_len=MAX_MODEL_LEN,
-            output_p95=120,
-            tokenizer_path=tiny_model_dir() / "tokenizer.json",
-        )
-        .tenant(
-            "chat", key=KEYS["interactive"], tiers=["interactive"], labels={"class": "interactive"}
-        )
-        .tenant("batch", key=KEYS["batch"], tiers=["batch"], labels={"class": "batch"})
-        .tenant("eval", key=KEYS["eval"], tiers=["eval"])
+def gateway_config(engine: VllmEngine, ttft_target: float | None, workdir: Path, name: str) -> Path:
+    """The examples' manifests compiled by the planner for this engine (bench_manifests:
+    the examples' mix at maxModelLen 512), interactive's ``ttftP95Target`` set to
+    ``ttft_target`` (None: no target); returns the config file. Prints the plan."""
+
+    def set_target(policy: dict[str, Any]) -> None:
+        for tier in policy["spec"]["tiers"]:
+            if tier["name"] == "interactive":
+                tier.pop("ttftP95Target", None)
+                if ttft_target is not None:
+                    tier["ttftP95Target"] = f"{round(ttft_target * 1000)}ms"
+
+    plan = compile_mix(
+        "examples",
+        {POOL: [engine.base_url]},
+        workdir,
+        tokenizer_path=tiny_model_dir() / "tokenizer.json",
+        edit_policy=set_target,
+        name=name,
+        max_model_len=MAX_MODEL_LEN,
     )
+    print(f"{name}: {plan.describe()}", flush=True)
+    return plan.config_path
 
 
 def start_engine(
@@ -371,7 +362,7 @@ async def run_through_gateway(
 ) -> RunTally:
     """One scenario through a kvpool gateway started for it, with its loop lag."""
     _, engine, target, chat_only = how
-    config = gateway_config(engine, target).write(workdir / f"config-{name}.json")
+    config = gateway_config(engine, target, workdir, name)
     gateway = GatewayProcess(
         config, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
     )
