@@ -110,6 +110,7 @@ class Tally:
     round_p95_ms: list[float] = field(default_factory=list)
     gateway_queue: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> le -> n
     gateway_queue_sum: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, float]] = field(default_factory=list)  # every 0.5 s, see sample()
 
     def merge(self, other: Tally) -> None:
         self.ttft_ms += other.ttft_ms
@@ -119,6 +120,7 @@ class Tally:
             self.errors[tier] += other.errors[tier]
         self.seconds += other.seconds
         self.preemptions += other.preemptions
+        self.samples += other.samples
         p95 = percentile(other.ttft_ms, 95)
         if p95 is not None:
             self.round_p95_ms.append(round(p95, 2))
@@ -156,7 +158,8 @@ class QuietWindows:
             self._hold()
 
     def release(self) -> None:
-        if self.enabled:
+        """Remove the window if it is ours (never another holder's)."""
+        if self.enabled and QUIET.exists() and QUIET.read_text().startswith("bench19"):
             QUIET.unlink(missing_ok=True)
 
     async def room_for(self, seconds: float) -> None:
@@ -340,6 +343,42 @@ def queue_histograms(text: str) -> tuple[dict[str, dict[str, float]], dict[str, 
     return buckets, sums
 
 
+async def sample(
+    session: aiohttp.ClientSession,
+    engines: list[VllmEngine],
+    gateway_metrics: str | None,
+    tally: Tally,
+    stop_at: float,
+) -> None:
+    """Every 0.5 s: the engines' running and waiting sequences and KV usage, and for kvpool
+    the gateway's slots and tokens in use and its queued requests - whether capacity
+    stands empty while requests wait."""
+    while time.monotonic() < stop_at - 0.5:
+        await asyncio.sleep(0.5)
+        point: dict[str, float] = {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+        for engine in engines:
+            sums = metric_sums(await fetch_text(session, engine.metrics_url))
+            point["running"] += sums.get("vllm:num_requests_running", 0.0)
+            point["waiting"] += sums.get("vllm:num_requests_waiting", 0.0)
+            point["kv_usage"] += sums.get("vllm:kv_cache_usage_perc", 0.0) / len(engines)
+        if gateway_metrics:
+            text = await fetch_text(session, gateway_metrics)
+            point["gw_tokens_in_use"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "in_use")
+            point["gw_tokens_total"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "total")
+            point["gw_slots_in_use"] = labelled_sum(text, "kvpool_gateway_tier_slots", "in_use")
+            point["gw_queued"] = metric_sums(text).get("kvpool_gateway_queued_requests", 0.0)
+        tally.samples.append(point)
+
+
+def labelled_sum(text: str, name: str, kind: str) -> float:
+    """The sum of ``name``'s samples with ``kind="..."`` on the stable track."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'kind="{kind}"' in line and 'track="stable"' in line:
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
 async def run_config(
     base: str,
     engines: list[VllmEngine],
@@ -360,7 +399,10 @@ async def run_config(
         )
         started = time.monotonic()
         stop_at = started + seconds
-        jobs = [chat_sessions(session, base, load, tally, stop_at)]
+        jobs = [
+            chat_sessions(session, base, load, tally, stop_at),
+            sample(session, engines, gateway_metrics, tally, stop_at),
+        ]
         if not load.chat_only:
             jobs += [
                 worker(session, base, "batch", load, tally, load.seed + 1 + i, stop_at)
@@ -431,6 +473,18 @@ def summarise(tally: Tally, engines: int) -> dict[str, Any]:
                 },
             }
         row["gateway_queue"] = queue
+    if tally.samples:
+        keys = sorted({k for point in tally.samples for k in point})
+        row["sampled_means"] = {
+            k: round(sum(p.get(k, 0.0) for p in tally.samples) / len(tally.samples), 3)
+            for k in keys
+        }
+        if "gw_queued" in keys:  # requests waited while the engines ran fewer than 8 each
+            waiting = [p for p in tally.samples if p["gw_queued"] > 0]
+            row["sampled_gateway_queued_share"] = round(len(waiting) / len(tally.samples), 3)
+            row["sampled_engine_running_while_gateway_queued"] = (
+                round(sum(p["running"] for p in waiting) / len(waiting), 2) if waiting else None
+            )
     row["chat_ttft_samples_ms"] = [round(v, 2) for v in tally.ttft_ms]
     return row
 
@@ -644,6 +698,19 @@ def print_table(configs: dict[str, Any]) -> None:
             )
 
 
+def print_samples(configs: dict[str, Any]) -> None:
+    for name, row in configs.items():
+        means = row.get("sampled_means")
+        if means:
+            extra = (
+                f", gateway queued in {row['sampled_gateway_queued_share']:.0%} of samples,"
+                f" engines then running {row['sampled_engine_running_while_gateway_queued']}"
+                if "sampled_gateway_queued_share" in row
+                else ""
+            )
+            print(f"{name} sampled means {means}{extra}")
+
+
 def print_markdown(configs: dict[str, Any]) -> None:
     """The report's table (docs/0009), straight from the figures."""
 
@@ -740,6 +807,7 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     result = document(measured)
     print_table(result["configs"])
+    print_samples(result["configs"])
     print_markdown(result["configs"])
     for key, value in result["comparison"].items():
         print(f"{key}: {value}")
