@@ -753,6 +753,12 @@ def main() -> int:
     parser.add_argument("--eval-workers", type=int, default=3, help="an engine")
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument(
+        "--finish-by",
+        metavar="HH:MM",
+        default=None,
+        help="UTC time to be done by: shortens --seconds to fit (recorded in the results)",
+    )
+    parser.add_argument(
         "--quiet",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -785,6 +791,7 @@ def main() -> int:
                 "max_num_seqs": MAX_NUM_SEQS,
                 "max_model_len": MAX_MODEL_LEN,
                 "seed": args.seed,
+                "finish_by": args.finish_by,
             },
             **{k: v for k, v in measured.items() if k != "configs"},
             "configs": configs,
@@ -797,6 +804,13 @@ def main() -> int:
 
     quiet = QuietWindows(args.quiet)
     quiet.begin()
+    if args.finish_by:  # a fixed end (a shared machine's slot): the seconds that fit
+        hour, minute = (int(x) for x in args.finish_by.split(":"))
+        now = time.gmtime()
+        left = (hour * 60 + minute) * 60 - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
+        fit = (left - 110) / (args.rounds * len(CONFIGS)) - 9  # engine starts; idle waits
+        args.seconds = max(10.0, min(args.seconds, round(fit)))
+        print(f"--finish-by {args.finish_by}: {args.rounds} rounds of {args.seconds:.0f} s")
     try:
         measured = asyncio.run(run_all(args, workdir, quiet, on_round))
     finally:
