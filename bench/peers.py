@@ -95,6 +95,18 @@ QUIET = Path("/work/.quiet")
 QUIET_HOLD = 11.5 * 60  # a window is at most 12 minutes ...
 QUIET_GAP = 185.0  # ... then at least 3 minutes released
 CONFIGS = ("chat-alone", "fcfs", "priority", "kvpool-1", "router-2", "kvpool-2")
+# --no-target-variant: kvpool-1 with interactive's ttftP95Target removed (no prefill holds)
+NO_TARGET = "kvpool-1-no-target"
+
+
+def without_ttft_target(policy: dict[str, Any]) -> None:
+    """The examples' TierPolicy with no ttftP95Target (so no prefill holds)."""
+    for tier in policy["spec"]["tiers"]:
+        tier.pop("ttftP95Target", None)
+
+
+def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
+    return (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
 
 
 @dataclass
@@ -565,12 +577,17 @@ async def run_all(
             "fcfs": (engines["F"].base_url, [engines["F"]], None),
             "priority": (engines["A"].base_url, [engines["A"]], None),
         }
-        for name, used in (("kvpool-1", ["A"]), ("kvpool-2", ["A", "B"])):
+        configs = configs_of(args)
+        kvpools = [("kvpool-1", ["A"], None), ("kvpool-2", ["A", "B"], None)]
+        if NO_TARGET in configs:
+            kvpools.append((NO_TARGET, ["A"], without_ttft_target))
+        for name, used, edit in kvpools:
             plan = compile_mix(
                 mix,
                 {POOL: [engines[e].base_url for e in used]},
                 workdir / name,
                 tokenizer_path=tokenizer,
+                edit_policy=edit,
             )
             print(f"{name}: " + plan.describe(), flush=True)
             result["plans"][name] = plan.planned()
@@ -586,8 +603,8 @@ async def run_all(
         )
         bases["router-2"] = (router_url, [engines["A"], engines["B"]], None)
         keys = result["keys"]
-        tallies = {name: Tally() for name in CONFIGS}
-        order = list(CONFIGS)
+        tallies = {name: Tally() for name in configs}
+        order = list(configs)
         shuffle = random.Random(args.seed)
         loads: list[list[float]] = []
         for round_index in range(args.rounds):
@@ -614,12 +631,12 @@ async def run_all(
             on_round(
                 {
                     **result,
-                    "configs": {n: summarise(tallies[n], len(bases[n][1])) for n in CONFIGS},
+                    "configs": {n: summarise(tallies[n], len(bases[n][1])) for n in configs},
                 }
             )
         result["loadavg_per_config"] = loads
         result["configs"] = {
-            name: summarise(tallies[name], len(bases[name][1])) for name in CONFIGS
+            name: summarise(tallies[name], len(bases[name][1])) for name in configs
         }
     finally:
         if router is not None:
@@ -753,6 +770,11 @@ def main() -> int:
     parser.add_argument("--eval-workers", type=int, default=3, help="an engine")
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument(
+        "--no-target-variant",
+        action="store_true",
+        help=f"also run {NO_TARGET}: interactive without ttftP95Target (no prefill holds)",
+    )
+    parser.add_argument(
         "--finish-by",
         metavar="HH:MM",
         default=None,
@@ -792,6 +814,7 @@ def main() -> int:
                 "max_model_len": MAX_MODEL_LEN,
                 "seed": args.seed,
                 "finish_by": args.finish_by,
+                "no_target_variant": args.no_target_variant,
             },
             **{k: v for k, v in measured.items() if k != "configs"},
             "configs": configs,
@@ -808,7 +831,7 @@ def main() -> int:
         hour, minute = (int(x) for x in args.finish_by.split(":"))
         now = time.gmtime()
         left = (hour * 60 + minute) * 60 - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
-        fit = (left - 110) / (args.rounds * len(CONFIGS)) - 9  # engine starts; idle waits
+        fit = (left - 110) / (args.rounds * len(configs_of(args))) - 9  # engine starts; idle waits
         args.seconds = max(10.0, min(args.seconds, round(fit)))
         print(f"--finish-by {args.finish_by}: {args.rounds} rounds of {args.seconds:.0f} s")
     try:
