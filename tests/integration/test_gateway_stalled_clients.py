@@ -140,8 +140,14 @@ async def test_never_reading_streams_are_cut_and_release_their_reservations(
             f"{released_after:.1f} s after they started (idle timeout {IDLE_SECONDS:g} s; "
             f"peak {peak} slots held)"
         )
-        await asyncio.sleep(0.5)  # the aborted connections' buffers freed
+        # the aborted connections' buffers are freed and trimmed (at most once a second):
+        # wait for the evidence, up to 15 s, instead of reading RSS once
+        limit = rss_before * 1.10
+        deadline = time.monotonic() + 15.0
         rss_after = gateway.process.rss_bytes()
+        while rss_after > limit and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            rss_after = gateway.process.rss_bytes()
     finally:
         for sock in sockets:
             sock.close()
