@@ -59,3 +59,16 @@ def rfc3339(clock: Clock) -> str:
     '2026-01-01T00:00:00Z'
     """
     return utc(clock).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_ms(clock: Clock) -> str:
+    """The clock's wall time in RFC 3339 with milliseconds (UTC): the ``generatedAt`` of a
+    published admission config, fine enough that two publishes never share one (a reader
+    comparing it with the gateway's ``config_info`` tells a reload from an older config).
+
+    >>> class At:
+    ...     def wall(self): return 1767225600.7
+    >>> rfc3339_ms(At())  # type: ignore[arg-type]
+    '2026-01-01T00:00:00.700Z'
+    """
+    return utc(clock).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -42,7 +42,7 @@ from kvpool.api.tenantbudget import TenantBudget
 from kvpool.api.tierpolicy import TierPolicy
 from kvpool.controller import apply
 from kvpool.controller.cache import Cache
-from kvpool.controller.clock import rfc3339
+from kvpool.controller.clock import rfc3339_ms
 from kvpool.controller.local_mode import StaticEndpoints
 from kvpool.controller.observe import assess_cached_namespace, key_digests, prior_status
 from kvpool.controller.rollout import build_canary_input, stable_revision_of
@@ -195,7 +195,7 @@ async def publish_namespace(state: OperatorState, namespace: str) -> None:
         _pool_inputs(cache, state.statuses, state.static, namespace, verdicts),
         _policies(cache, namespace),
         _tenant_inputs(cache, namespace, verdicts),
-        generated_at=rfc3339(state.clock),
+        generated_at=rfc3339_ms(state.clock),
     )
     for budget, reason in compiled.skipped:
         log.info("TenantBudget %s/%s left out of the config: %s", namespace, budget, reason)
