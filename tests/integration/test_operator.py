@@ -628,6 +628,8 @@ def test_a_pool_deleted_while_the_operator_was_down_is_cleaned_up(
         op.start()
         given_policy_tenant_and_pool(kube_api)
         wait_until(lambda: names(kube_api, "poddisruptionbudgets", "policy/v1") == ["chat"])
+        # (the finalizer was written before the first child: kopf's own comes later)
+        assert "kvpool.dev/operator" in kube_api.client.get(mp("chat"))["metadata"]["finalizers"]
         op.stop()
 
         # When the pool is deleted while no operator runs, its finalizer holds it

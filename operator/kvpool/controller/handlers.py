@@ -36,11 +36,16 @@ import kopf
 
 from kvpool.api.common import GROUP, VERSION
 from kvpool.controller.wiring import Operator
-from kvpool.domain.manifests import LABEL_MANAGED_BY, LABEL_POOL, LABEL_TRACK, MANAGED_BY
+from kvpool.domain.manifests import (
+    FINALIZER_OPERATOR,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    LABEL_TRACK,
+    MANAGED_BY,
+)
 
 log = logging.getLogger(__name__)
 
-FINALIZER = "kvpool.dev/operator"
 # The engine Deployments the operator renders (build_labels), and no other Deployment.
 ENGINE_DEPLOYMENT_SELECTOR = f"{LABEL_POOL},{LABEL_MANAGED_BY}={MANAGED_BY}"
 
@@ -90,7 +95,7 @@ def build_registry(op: Operator) -> kopf.OperatorRegistry:
 
 
 def _configure(settings: kopf.OperatorSettings) -> None:
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = FINALIZER_OPERATOR
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="kopf.kvpool.dev"
     )

@@ -66,6 +66,7 @@ from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 
 log = logging.getLogger(__name__)
 
+RETRY_HOLD_SECONDS = 0.5  # the finalizer write lost a race: reconcile again this soon
 EVENT_DRIFT = "DriftRestored"  # a child's owned fields were edited by hand and put back
 
 Body = Mapping[str, Any]
@@ -88,6 +89,9 @@ async def reconcile_pool(state: OperatorState, namespace: str, name: str) -> Poo
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             await cleanup_pool(state, namespace, name)
             return PoolOutcome(exists=False)
+        body = await _held_for_cleanup(state, body)
+        if body is None:
+            return PoolOutcome(exists=True, recheck_after=RETRY_HOLD_SECONDS)
         prior = prior_status(state.statuses, (namespace, name), body)
         verdict, pool, policy = await _assess(state, namespace, body)
         recheck = None
@@ -108,6 +112,27 @@ async def reconcile_pool(state: OperatorState, namespace: str, name: str) -> Poo
     finally:
         metrics.reconcile_seconds.observe(state.clock.monotonic() - started)
     return PoolOutcome(exists=True, recheck_after=recheck)
+
+
+async def _held_for_cleanup(state: OperatorState, body: Body) -> Body | None:
+    """The pool holding the operator's finalizer, added before any child is written, or
+    None when another write won the race (reconcile again shortly).
+
+    kopf adds the same finalizer, but only after the event handlers of that event have run,
+    and they have already asked for this reconcile: without this step a pool deleted in
+    that window while no operator runs (a rollout of the operator itself) would go at once
+    and leave its Deployment, Service and PDB behind."""
+    meta = body.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if m.FINALIZER_OPERATOR in finalizers:
+        return body
+    wanted = [*finalizers, m.FINALIZER_OPERATOR]
+    if not await kube.set_finalizers(state.kube, kube.MODELPOOLS, body, wanted):
+        return None
+    fresh = await state.kube.get(kube.MODELPOOLS, meta.get("namespace") or "default", meta["name"])
+    if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # deleted meanwhile: the recheck cleans up
+    return fresh
 
 
 async def _assess(

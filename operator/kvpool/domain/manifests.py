@@ -56,6 +56,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kvpool"
 ANNOTATION_SPEC_HASH = "kvpool.dev/spec-hash"
 ANNOTATION_CONFIG_HASH = "kvpool.dev/config-hash"
+# held on every ModelPool the operator has acted on, so its children are removed on deletion
+FINALIZER_OPERATOR = "kvpool.dev/operator"
 LABEL_CONFIG_PART = "kvpool.dev/admission-config"  # tenant shards of the compiled config
 CONFIG_PART_TENANTS = "tenants"
 ANNOTATION_STATIC_ENDPOINTS = "kvpool.dev/static-endpoints"  # local mode: a pool's engines
