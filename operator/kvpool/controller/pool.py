@@ -85,11 +85,11 @@ async def reconcile_pool(state: OperatorState, namespace: str, name: str) -> Poo
     started = state.clock.monotonic()
     metrics = state.metrics
     try:
-        body = await state.kube.get(kube.MODELPOOLS, namespace, name)
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        found = await state.kube.get(kube.MODELPOOLS, namespace, name)
+        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
             await cleanup_pool(state, namespace, name)
             return PoolOutcome(exists=False)
-        body = await _held_for_cleanup(state, body)
+        body = await _held_for_cleanup(state, found)
         if body is None:
             return PoolOutcome(exists=True, recheck_after=RETRY_HOLD_SECONDS)
         prior = prior_status(state.statuses, (namespace, name), body)
