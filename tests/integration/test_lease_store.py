@@ -12,7 +12,12 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
+from kvpool.adapters.lease.store import (
+    LeaseStoreError,
+    PlanRenewal,
+    RedisLeaseStore,
+    decode_report,
+)
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Report, TierDemand, decide_grant
 from kvpool.domain.lease.model import sum_components
@@ -92,7 +97,11 @@ async def test_reports_come_back_as_sent(
     store = await warmed_store(server, client)
     stores.append(store)
     sent = Report(
-        tiers={"a": TierDemand(now=Amount(120, 1), peak=Amount(400, 3))}, tenants={"x": (1, 2)}
+        tiers={
+            "a": TierDemand(now=Amount(120, 1), peak=Amount(400, 3)),
+            "b": TierDemand(now=Amount(900, 3), peak=Amount(900, 3), head_tokens=300),
+        },
+        tenants={"x": (1, 2)},
     )
     await store.renew("b", [renewal({}, {}, sent)], member_ttl=30)
     renewed = await store.renew("a", [renewal({}, {})], member_ttl=30)
@@ -147,3 +156,10 @@ async def test_redis_down_is_a_store_error(
     server.kill()
     with pytest.raises(LeaseStoreError, match="Error"):
         await store.renew("a", [renewal({}, {})], member_ttl=3)
+
+
+def test_a_report_of_a_replica_of_before_reads_without_its_head_request() -> None:
+    # during a rolling update, replicas of the previous version report four figures a tier
+    old = {"t": {"a": [120, 1, 400, 3]}, "n": {}}
+    assert decode_report(old) == Report({"a": TierDemand(Amount(120, 1), Amount(400, 3))})
+    assert decode_report({"t": {"a": [1, 2, 3]}}) == Report()  # malformed: no demand

@@ -22,6 +22,7 @@ from kvpool.domain.lease import (
     decide_lease_mode,
     equal_split,
     fill,
+    fill_whole,
     plan_leases,
     shrunk,
     spread,
@@ -64,6 +65,67 @@ def demand(now: Amount, peak: Amount | None = None) -> TierDemand:
 )
 def test_fill_is_max_min_fair(capacity: int, wants: dict[str, int], expected: dict[str, int]):
     assert fill(capacity, wants) == expected
+
+
+@pytest.mark.parametrize(
+    ("capacity", "wants", "unit", "expected"),
+    [
+        pytest.param(475, {"a": 600, "b": 600}, 300, {"a": 475, "b": 0}, id="one-whole"),
+        pytest.param(700, {"a": 300, "b": 425}, 300, {"a": 300, "b": 400}, id="completes-first"),
+        pytest.param(900, {"a": 900, "b": 900}, 300, {"a": 600, "b": 300}, id="by-requests"),
+        pytest.param(1000, {"a": 300, "b": 400}, 300, {"a": 300, "b": 400}, id="enough"),
+        pytest.param(5, {"a": 10, "b": 10}, 1, {"a": 3, "b": 2}, id="slots-in-name-order"),
+        pytest.param(5, {"a": 10, "b": 10}, 0, {"a": 2, "b": 3}, id="no-unit-is-fill"),
+        pytest.param(250, {"a": 600, "b": 40}, 300, {"a": 210, "b": 40}, id="small-want-whole"),
+        pytest.param(0, {"a": 600}, 300, {"a": 0}, id="nothing"),
+    ],
+)
+def test_fill_whole_splits_in_whole_requests(
+    capacity: int, wants: dict[str, int], unit: int, expected: dict[str, int]
+) -> None:
+    assert fill_whole(capacity, wants, unit) == expected
+
+
+def test_fill_whole_serves_who_holds_the_fewest_requests_first() -> None:
+    # b holds 175 tokens (no whole request), a one request: b's 125 completes one, then
+    # each gets 300; the 48 left complete nobody's and stay with a
+    held = {"a": 300, "b": 175}
+    assert fill_whole(773, {"a": 900, "b": 1025}, 300, held) == {"a": 348, "b": 425}
+
+
+def test_floors_split_over_replicas_are_not_fragments_too_small_for_a_request() -> None:
+    # the scale-out bench's four-skewed case: batch requests (300 tokens) reach two
+    # replicas, each with 4 queued; chat reaches a third; the batch floor is 475 tokens
+    plan = LeasePlan(
+        tiers=("interactive", "batch", "eval"),
+        floors={"interactive": A(893, 4), "batch": A(475, 2), "eval": A(475, 1)},
+        lend_percent={"interactive": 100, "batch": 50, "eval": 100},
+        preempt=frozenset({"interactive"}),
+        shared=A(0, 1),
+        per_engine=A(1843, 8),
+    )
+    batch = TierDemand(now=A(1200, 4), peak=A(1200, 4), head_tokens=300)
+    table = {
+        "r0": Report({"batch": batch}),
+        "r1": Report({"batch": batch}),
+        "r3": Report({"interactive": demand(A(120, 1), A(240, 2))}),
+    }
+
+    def started(leases: dict[str, Lease]) -> tuple[int, int]:
+        """Batch requests the two replicas can start, and what the same capacity starts
+        on one replica (r0 and r1 hold no interactive floor: all they hold is batch's)."""
+        held = [leases[m].total for m in ("r0", "r1")]
+        apart = sum(min(a.tokens // 300, a.slots) for a in held)
+        together = min(sum(a.tokens for a in held) // 300, sum(a.slots for a in held))
+        return apart, together
+
+    apart, together = started(plan_leases(plan, table))
+    assert apart == together == 5
+    # without the unit (what the replicas reported before), fractions of a request sat idle
+    table = {m: Report({t: TierDemand(d.now, d.peak) for t, d in r.tiers.items()})
+             for m, r in table.items()}  # fmt: skip
+    apart, together = started(plan_leases(plan, table))
+    assert (apart, together) == (4, 5)
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,8 @@ def reports(draw: st.DrawFn, plan: LeasePlan) -> Report:
     for tier in plan.tiers:
         if draw(st.booleans()):
             now = draw(amounts())
-            tiers[tier] = TierDemand(now=now, peak=now.max(draw(amounts())))
+            head = draw(st.sampled_from([0, 0, 1, 60, 300, 999]))  # the next request's tokens
+            tiers[tier] = TierDemand(now=now, peak=now.max(draw(amounts())), head_tokens=head)
     tenants = {
         t: (n, n + draw(st.integers(0, 2)))
         for t in plan.tenants

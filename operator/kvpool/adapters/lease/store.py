@@ -78,6 +78,7 @@ def encode_report(report: Report) -> dict[str, Any]:
     return {
         "t": {
             tier: [d.now.tokens, d.now.slots, d.peak.tokens, d.peak.slots]
+            + ([d.head_tokens] if d.head_tokens else [])
             for tier, d in report.tiers.items()
         },
         "n": {tenant: [now, peak] for tenant, (now, peak) in report.tenants.items()},
@@ -91,8 +92,10 @@ def decode_report(data: Any) -> Report:
     tiers: dict[str, TierDemand] = {}
     raw_tiers = data.get("t")
     for tier, v in raw_tiers.items() if isinstance(raw_tiers, dict) else []:
-        if isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v):
-            tiers[tier] = TierDemand(now=Amount(v[0], v[1]), peak=Amount(v[2], v[3]))
+        # 4 figures, or 5 with the head request's tokens (a replica of before reports 4)
+        if isinstance(v, list) and len(v) in (4, 5) and all(isinstance(x, int) for x in v):
+            head = v[4] if len(v) == 5 else 0
+            tiers[tier] = TierDemand(Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head)
     tenants: dict[str, tuple[int, int]] = {}
     raw_tenants = data.get("n")
     for tenant, v in raw_tenants.items() if isinstance(raw_tenants, dict) else []:

@@ -60,7 +60,7 @@ from kvpool.domain.admission.feasibility import (
     too_large_message,
 )
 from kvpool.domain.admission.holds import PrefillHolds
-from kvpool.domain.admission.ledger import ReplicaState, Waiting
+from kvpool.domain.admission.ledger import ReplicaState, TierState, Waiting
 from kvpool.domain.admission.lending import LendingGate
 from kvpool.domain.admission.state import PoolState
 from kvpool.domain.admission.verdicts import (
@@ -418,6 +418,7 @@ class AdmissionController:
                 queued_requests=t.queued_count,
                 queued_tokens=t.queued.tokens,
                 queued_slots=t.queued.slots,
+                head_tokens=_head_tokens(state, t),
             )
             for t in state.order
         )
@@ -504,3 +505,10 @@ class AdmissionController:
             admitted = self._pending + admitted
             self._pending, self._pending_since = [], None
         return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
+
+
+def _head_tokens(state: PoolState, tier: TierState) -> int:
+    """What the tier's next request to start reserves (0 when none may start): the unit
+    in which gateway replicas split the tier's capacity (kvpool.domain.lease)."""
+    head = state.waiting.head(tier) if tier.queues else None
+    return head.request.amount.tokens if head is not None else 0

@@ -169,6 +169,7 @@ class TierUsage:
     queued_requests: int
     queued_tokens: int
     queued_slots: int = 0
+    head_tokens: int = 0  # what the tier's next request to start reserves (0: none waits)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ Modules:
 - :mod:`.fallback`: what a replica admits against while it cannot reach Redis.
 """
 
-from kvpool.domain.lease.allocation import fill, plan_leases, spread
+from kvpool.domain.lease.allocation import fill, fill_whole, plan_leases, spread
 from kvpool.domain.lease.fallback import (
     LeaseClock,
     LeaseMode,
@@ -53,6 +53,7 @@ __all__ = [
     "decide_lease_mode",
     "equal_split",
     "fill",
+    "fill_whole",
     "plan_leases",
     "shrunk",
     "spread",

@@ -77,6 +77,68 @@ def fill(capacity: int, wants: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def fill_whole(
+    capacity: int, wants: Mapping[str, int], unit: int, held: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Max-min fair split in whole requests of ``unit`` tokens: as :func:`fill`, but the
+    level counts requests, so no member is left holding less than one request's worth while
+    another holds a fraction too (both idle). ``held`` is what each member already has
+    toward its demand (from an earlier step of the allocation), counted in whole requests
+    in the level, so the fewest requests go first. A member's want is cut into pieces from
+    the top - a first piece of ``want % unit`` (what completes the request it holds part
+    of), then whole units; what fits no one's next piece goes where it lacks least to complete
+    one (a later step may complete it).
+    The parts sum to ``min(capacity, sum of wants)``, as with :func:`fill`; ``unit <= 0``
+    is :func:`fill` (and ``unit`` 1 splits slots in the order tokens are split).
+
+    >>> fill(475, {"a": 600, "b": 600})  # two batch requests of 300 each: neither fits
+    {'a': 237, 'b': 238}
+    >>> fill_whole(475, {"a": 600, "b": 600}, 300)  # one fits; the rest waits with it
+    {'a': 475, 'b': 0}
+    >>> # b holds 175 of a request, a one whole one: b's 125 first, then 300 each
+    >>> fill_whole(773, {"a": 900, "b": 1025}, 300, held={"a": 300, "b": 175})
+    {'a': 348, 'b': 425}
+    """
+    if unit <= 0:
+        return fill(capacity, wants)
+    want = {m: max(0, w) for m, w in wants.items()}
+    if sum(want.values()) <= capacity:
+        return want
+    whole = {m: max(0, (held or {}).get(m, 0)) // unit for m in want}
+
+    def given(member: str, level: int) -> int:
+        pieces = level - whole[member]
+        if pieces <= 0:
+            return 0
+        first = want[member] % unit or unit
+        return min(want[member], first + (pieces - 1) * unit)
+
+    def total(level: int) -> int:
+        return sum(given(m, level) for m in want)
+
+    low = min(whole.values())  # total(low) is 0; total(high) is every want: > capacity
+    high = max(whole[m] + want[m] // unit + 1 for m in want)
+    while low < high - 1:  # the highest level every member can reach
+        mid = (low + high) // 2
+        low, high = (mid, high) if total(mid) <= capacity else (low, mid)
+    out = {m: given(m, low) for m in want}
+    left = capacity - sum(out.values())
+    for member in sorted(want, key=lambda m: (whole[m], m)):  # one more where it fits
+        extra = given(member, max(low, whole[member]) + 1) - out[member]
+        if 0 < extra <= left:
+            out[member] += extra
+            left -= extra
+    while left > 0:  # the crumbs, nearest a whole request (sum of wants > capacity)
+        member = min(
+            (m for m in want if out[m] < want[m]),
+            key=lambda m: ((want[m] - out[m]) % unit or unit, m),
+        )
+        extra = min(left, want[member] - out[member])
+        out[member] += extra
+        left -= extra
+    return out
+
+
 def spread(capacity: int, weights: Mapping[str, int]) -> dict[str, int]:
     """Split ``capacity`` in proportion to ``weights`` (equal parts when all are zero),
     largest remainders first (ties by name); the parts sum to ``capacity``.
@@ -120,6 +182,13 @@ class _Dimension:
                 now[t] = _dim(d.now, dim) if d is not None else 0
                 peak[t] = max(now[t], _dim(d.peak, dim)) if d is not None else 0
         self.active = [m for m in self.members if reports[m].active]
+        # a tier's tokens are split in whole requests of its largest next request, and its
+        # slots in the same order (so a replica's tokens and slots fit the same requests)
+        heads = {
+            t: max((reports[m].demand(t).head_tokens for m in self.members), default=0)
+            for t in plan.tiers
+        }
+        self.unit = {t: (h if dim == "tokens" else min(1, h)) for t, h in heads.items()}
         self.floors: dict[str, dict[str, int]] = {m: {} for m in self.members}
         self.shared = dict.fromkeys(self.members, 0)
         self.loans: dict[str, dict[str, int]] = {m: {} for m in self.members}
@@ -130,7 +199,12 @@ class _Dimension:
         need, idle = self._borrow_at_home()
         left = _dim(self.plan.shared, self.dim)
         for tier in self.plan.tiers:
-            given = fill(left, {m: need[m][tier] for m in self.members})
+            given = fill_whole(
+                left,
+                {m: need[m][tier] for m in self.members},
+                self.unit[tier],
+                self._covered(need, tier),
+            )
             for member, amount in given.items():
                 self.shared[member] += amount
                 need[member][tier] -= amount
@@ -139,10 +213,14 @@ class _Dimension:
         for member, amount in spread(left, dict.fromkeys(self.active or self.members, 1)).items():
             self.shared[member] += amount
 
+    def _covered(self, need: dict[str, dict[str, int]], tier: str) -> dict[str, int]:
+        """Per member, how much of the tier's demand the allocation meets so far."""
+        return {m: self.now[m][tier] - need[m][tier] for m in self.members}
+
     def _place_floor(self, tier: str) -> None:
         floor = _dim(self.plan.floors[tier], self.dim)
         peaks = {m: self.peak[m][tier] for m in self.members}
-        placed = fill(floor, peaks)
+        placed = fill_whole(floor, peaks, self.unit[tier])
         left = floor - sum(placed.values())
         if left > 0:
             present = {m: 1 for m in self.members if peaks[m] > 0}
@@ -196,7 +274,8 @@ class _Dimension:
                     for m in self.members
                     if need[m][tier] > 0
                 }
-                for member, amount in fill(pool, wants).items():
+                covered = self._covered(need, tier)
+                for member, amount in fill_whole(pool, wants, self.unit[tier], covered).items():
                     booked = self._take_idle(idle, lender, amount, borrower=member)
                     if booked <= 0:
                         continue
