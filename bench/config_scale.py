@@ -16,7 +16,9 @@ its own JSON work does not share the gateway's GIL):
 
 ``--code DIR`` imports kvpool and the test support from another checkout (e.g. the
 integration checkout before this change: it publishes one ConfigMap, which must then be
-small enough for the emulator, e.g. ``--tenants 4000``).
+small enough for the emulator, e.g. ``--tenants 4000``). The config is built by
+``tests/builders/compiled.py:admission_config_with_tenants``, the builder the sharding
+tests use; a checkout older than it needs that file copied in.
 
     .venv/bin/python bench/config_scale.py [--tenants 10000] [--interval 0.25] [--seconds 10]
 
@@ -51,22 +53,6 @@ with start_kube_api(pathlib.Path(sys.argv[1])) as api:
 
 def _paths(code: Path) -> list[str]:
     return [str(code / "operator"), str(code)]
-
-
-def build_config(tenants: int) -> Any:
-    """The standard test config with ``tenants`` tenants (one 1 h window and a label each)."""
-    from tests.builders.compiled import standard_admission_config
-
-    builder = standard_admission_config(["http://10.0.0.1:8000"])
-    for i in range(tenants):
-        builder.tenant(
-            f"tenant-{i:05d}",
-            key=f"sk-{i}",
-            tiers=["interactive", "batch"],
-            limits=[(3600, 1_000_000)],
-            labels={"team": f"team-{i % 40}"},
-        )
-    return builder.obj()
 
 
 async def publish(url: str, config: Any) -> dict[str, Any]:
@@ -147,7 +133,15 @@ async def poll_lag(url: str, interval: float, seconds: float) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    config = build_config(args.tenants)
+    try:
+        from tests.builders.compiled import admission_config_with_tenants
+    except ImportError:
+        sys.exit(
+            f"{args.code} has no tests/builders/compiled.py:admission_config_with_tenants "
+            "(added with this benchmark's shared builder): measure an older checkout with "
+            "that file copied in from this one"
+        )
+    config = admission_config_with_tenants(args.tenants)
     result: dict[str, Any] = {"tenants": len(config.tenants)}
     result["document_bytes"] = len(config.to_json())
     result.update(await publish(url, config))

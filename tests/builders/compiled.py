@@ -494,6 +494,25 @@ def standard_admission_config(endpoints: list[str], **pool: Any) -> AdmissionCon
     )
 
 
+def admission_config_with_tenants(count: int, endpoints: int = 1) -> AdmissionConfig:
+    """The standard config with ``count`` tenants of ~230 bytes each and ``endpoints`` engines.
+
+    The size issue 18 measured: the config-sharding tests and ``bench/config_scale.py`` both
+    build their large configs with it, so the benchmark measures what the tests bound.
+    """
+    urls = [f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(endpoints)]
+    builder = standard_admission_config(urls)
+    for i in range(count):
+        builder.tenant(
+            f"tenant-{i:05d}",
+            key=f"sk-{i}",
+            tiers=["interactive", "batch"],
+            limits=[(3600, 1_000_000)],
+            labels={"team": f"team-{i % 40}"},
+        )
+    return builder.obj()
+
+
 def tiny_engine_admission_config(
     engine_url: str,
     tokenizer: str | Path,

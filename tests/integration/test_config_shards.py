@@ -29,7 +29,7 @@ from kvpool.controller.publisher import ConfigTooLargeError, apply_admission_con
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import config_hash
 from kvpool.domain.config_shards import data_bytes
-from tests.builders.compiled import AdmissionConfigBuilder, standard_admission_config
+from tests.builders.compiled import admission_config_with_tenants, standard_admission_config
 from tests.integration.test_offline_compile import (
     ENDPOINTS,
     EXAMPLES,
@@ -41,21 +41,6 @@ from tests.support.kube import KubeApi, KubeApiError, resource_path
 from tests.support.waiting import wait_until_async
 
 NEAR_LIMIT = 900 * 1024
-
-
-def many_tenants(count: int, endpoints: int = 1) -> AdmissionConfig:
-    """The standard config with ``count`` tenants of ~230 bytes each (as issue 18 measured)."""
-    urls = [f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(endpoints)]
-    builder: AdmissionConfigBuilder = standard_admission_config(urls)
-    for i in range(count):
-        builder.tenant(
-            f"tenant-{i:05d}",
-            key=f"sk-{i}",
-            tiers=["interactive", "batch"],
-            limits=[(3600, 1_000_000)],
-            labels={"team": f"team-{i % 40}"},
-        )
-    return builder.obj()
 
 
 @pytest.fixture
@@ -85,7 +70,7 @@ def test_the_emulator_refuses_a_configmap_over_1_mib_as_an_api_server_does(
     kube_api: KubeApi,
 ) -> None:
     # Given the single document of 5,000 tenants (what the operator used to publish)
-    config = many_tenants(5000)
+    config = admission_config_with_tenants(5000)
     text = config.to_json()
     assert len(text) > 1024 * 1024, f"5,000 tenants make {len(text)} bytes"
     single = m.build_admission_configmap("default", text, config_hash(config))
@@ -101,7 +86,7 @@ def test_the_emulator_refuses_a_configmap_over_1_mib_as_an_api_server_does(
 async def test_10000_tenants_publish_as_shards_under_900_kib_and_the_gateway_assembles_them(
     kube_api: KubeApi, client: kube.KubeClient
 ) -> None:
-    config = many_tenants(10_000)
+    config = admission_config_with_tenants(10_000)
     action, verdict = await apply_admission_config(client, "default", config)
     assert action == "created"
     stored = configmaps(kube_api)
@@ -140,7 +125,7 @@ async def test_a_publish_with_an_index_over_the_limit_is_refused_before_writing(
     kube_api: KubeApi, client: kube.KubeClient
 ) -> None:
     # pools and policies stay in the index: 20,000 endpoints cannot be sharded away
-    config = many_tenants(10, endpoints=20000)
+    config = admission_config_with_tenants(10, endpoints=20000)
     with pytest.raises(ConfigTooLargeError, match=r"kvpool-admission: \d+ bytes, over the"):
         await apply_admission_config(client, "default", config)
     assert configmaps(kube_api) == {}
@@ -150,7 +135,7 @@ async def test_a_publish_with_an_index_over_the_limit_is_refused_before_writing(
 async def test_unchanged_polls_of_10000_tenants_leave_the_loop_free(
     kube_api: KubeApi, client: kube.KubeClient
 ) -> None:
-    config = many_tenants(10_000)
+    config = admission_config_with_tenants(10_000)
     await apply_admission_config(client, "default", config)
     source = ConfigMapSource("default", KubeAccess(server=kube_api.url), interval=0.05)
     await source.load()
