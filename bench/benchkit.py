@@ -34,10 +34,12 @@ def machine_info(load_before: tuple[float, float, float]) -> dict[str, Any]:
 
 
 def write_results(path: Path, result: dict[str, Any]) -> Path:
-    """Write ``result`` as indented JSON to ``path``; returns it relative to the repo."""
+    """Write ``result`` as indented JSON to ``path``; returns it relative to the repo when
+    it is inside it (an ``--output`` elsewhere is returned as given)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    return path.relative_to(REPO)
+    resolved = path.resolve()
+    return resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else path
 
 
 def pin_process(cpus: set[int]) -> None:

@@ -139,6 +139,11 @@ class Tally:
     max_in_use_slots: float = 0.0  # largest sum over replicas of in-use slots (sampled)
     max_in_use_tokens: float = 0.0  # largest sum over replicas of in-use KV tokens (sampled)
     max_engine_sequences: float = 0.0  # largest running + waiting on the engine (sampled)
+    samples: int = 0
+    sum_in_use_slots: float = 0.0  # summed over samples (for the mean)
+    sum_in_use_tokens: float = 0.0
+    sum_idle_quiet_tokens: float = 0.0  # leased, unused, on replicas with nothing queued
+    sum_idle_waiting_tokens: float = 0.0  # leased, unused, on replicas with requests queued
     renewals: float = 0.0  # lease renewals, summed over replicas
     replica_seconds: float = 0.0  # replicas x seconds (for the per-replica rates)
     redis_commands: float = 0.0
@@ -236,17 +241,48 @@ class Load:
 # --- sampling the witnesses ----------------------------------------------------------------
 
 
-def in_use(text: str) -> tuple[float, float]:
-    """A replica's in-use slots and KV tokens, summed over tiers (its /metrics)."""
-    slots = tokens = 0.0
+@dataclass(frozen=True)
+class ReplicaSample:
+    """One replica's figures at one sample (its /metrics)."""
+
+    slots: float = 0.0  # in use, summed over tiers
+    tokens: float = 0.0  # in use, summed over tiers
+    queued: float = 0.0  # requests waiting for admission
+    leased_tokens: float | None = None  # its lease's total (None: it admits without one)
+
+
+def replica_sample(text: str) -> ReplicaSample:
+    """Read one replica's in-use slots and KV tokens, queued requests and leased tokens."""
+    slots = tokens = queued = 0.0
+    leased: float | None = None
     for line in text.splitlines():
-        if 'kind="in_use"' not in line:
-            continue
-        if line.startswith("kvpool_gateway_tier_slots{"):
-            slots += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("kvpool_gateway_tier_tokens{"):
-            tokens += float(line.rsplit(" ", 1)[1])
-    return slots, tokens
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("kvpool_gateway_queued_requests{"):
+            queued += float(value)
+        elif line.startswith("kvpool_gateway_lease_capacity{") and (
+            'kind="total"' in line and 'dimension="tokens"' in line and 'track="stable"' in line
+        ):
+            leased = (leased or 0.0) + float(value)
+        elif 'kind="in_use"' in line and line.startswith("kvpool_gateway_tier_slots{"):
+            slots += float(value)
+        elif 'kind="in_use"' in line and line.startswith("kvpool_gateway_tier_tokens{"):
+            tokens += float(value)
+    return ReplicaSample(slots, tokens, queued, leased)
+
+
+def idle_leased(replicas: list[ReplicaSample], plan_tokens: int) -> tuple[float, float]:
+    """KV tokens leased but not in use, on replicas with nothing queued and on replicas
+    with requests queued (what they hold does not fit the request at their head). A
+    replica without a lease holds the whole plan."""
+    quiet = waiting = 0.0
+    for r in replicas:
+        held = plan_tokens if r.leased_tokens is None else r.leased_tokens
+        idle = max(0.0, held - r.tokens)
+        if r.queued > 0:
+            waiting += idle
+        else:
+            quiet += idle
+    return quiet, waiting
 
 
 async def sample(
@@ -255,15 +291,23 @@ async def sample(
     metrics: list[str],
     tally: Tally,
     stop: asyncio.Event,
+    plan_tokens: int,
 ) -> None:
-    """Every 0.25 s: the sum of the replicas' in-use slots and the engine's sequences."""
+    """Every 0.25 s: the sum of the replicas' in-use slots and KV tokens, where the leased
+    tokens not in use are (:func:`idle_leased`), and the engine's sequences."""
     while not stop.is_set():
         texts = await asyncio.gather(
             *(fetch_text(session, url) for url in metrics), return_exceptions=True
         )
-        used = [in_use(t) for t in texts if isinstance(t, str)]
-        tally.max_in_use_slots = max(tally.max_in_use_slots, sum(u[0] for u in used))
-        tally.max_in_use_tokens = max(tally.max_in_use_tokens, sum(u[1] for u in used))
+        used = [replica_sample(t) for t in texts if isinstance(t, str)]
+        tally.max_in_use_slots = max(tally.max_in_use_slots, sum(u.slots for u in used))
+        tally.max_in_use_tokens = max(tally.max_in_use_tokens, sum(u.tokens for u in used))
+        tally.samples += 1
+        tally.sum_in_use_slots += sum(u.slots for u in used)
+        tally.sum_in_use_tokens += sum(u.tokens for u in used)
+        quiet, waiting = idle_leased(used, plan_tokens)
+        tally.sum_idle_quiet_tokens += quiet
+        tally.sum_idle_waiting_tokens += waiting
         try:
             sums = metric_sums(await fetch_text(session, engine.metrics_url))
         except (aiohttp.ClientError, TimeoutError):
@@ -341,7 +385,14 @@ async def run_round(
             round_start = len(tally.ttft_ms)
             stop = asyncio.Event()
             sampler = asyncio.create_task(
-                sample(session, engine, [g.metrics_url for g in gateways], tally, stop)
+                sample(
+                    session,
+                    engine,
+                    [g.metrics_url for g in gateways],
+                    tally,
+                    stop,
+                    plan.planned()["total_tokens"],
+                )
             )
             jobs = [load.chats(session, args.chat_rate)]
             jobs += [load.worker(session, "batch", seed * 100 + i) for i in range(args.batch)]
@@ -405,6 +456,18 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "max_sum_in_use_slots": tally.max_in_use_slots,
         "max_sum_in_use_tokens": tally.max_in_use_tokens,
         "max_engine_sequences": tally.max_engine_sequences,
+        "mean_sum_in_use_slots": _r(tally.sum_in_use_slots / tally.samples)
+        if tally.samples
+        else None,
+        "mean_sum_in_use_tokens": _r(tally.sum_in_use_tokens / tally.samples)
+        if tally.samples
+        else None,
+        "mean_idle_tokens_quiet_replicas": _r(tally.sum_idle_quiet_tokens / tally.samples)
+        if tally.samples
+        else None,
+        "mean_idle_tokens_waiting_replicas": _r(tally.sum_idle_waiting_tokens / tally.samples)
+        if tally.samples
+        else None,
         "renewals_per_s_per_replica": _r(tally.renewals / tally.replica_seconds)
         if tally.replica_seconds
         else None,
@@ -568,7 +631,7 @@ def print_table(result: dict[str, Any]) -> None:
     header = (
         f"{'scenario':19} {'tok/s':>7} {'x one':>6} {'int/bat/eval %':>15} {'p50':>6} {'p95':>6}"
         f" {'p99':>6} {'p95 rounds':>14} {'preempt':>7} {'Σslots':>6} {'Σtok':>5} {'eng':>4}"
-        f" {'ren/s':>6} {'rtt99':>6} {'cpu%':>5}"
+        f" {'mean Σtok':>9} {'idle q/w':>9} {'ren/s':>6} {'rtt99':>6} {'cpu%':>5}"
     )
     print(header)
     for name, row in result["scenarios"].items():
@@ -581,6 +644,9 @@ def print_table(result: dict[str, Any]) -> None:
             f" {row['chat_ttft_p99_ms'] or 0:6.0f} {spread:>14} {row['preemptions']:7d}"
             f" {row['max_sum_in_use_slots']:6.0f} {row['max_sum_in_use_tokens']:5.0f}"
             f" {row['max_engine_sequences']:4.0f}"
+            f" {row['mean_sum_in_use_tokens'] or 0:9.0f}"
+            f" {row['mean_idle_tokens_quiet_replicas'] or 0:4.0f}"
+            f"/{row['mean_idle_tokens_waiting_replicas'] or 0:<4.0f}"
             f" {row['renewals_per_s_per_replica'] or 0:6.1f} {row['renewal_p99_ms'] or 0:6.1f}"
             f" {row['gateway_cpu_percent_per_replica'] or 0:5.0f}"
         )
