@@ -14,13 +14,10 @@ from typing import Any
 import pytest
 
 from kvpool.api.rollout import RolloutSpec, RolloutStatus, RolloutStep
-from kvpool.domain.rollout.actions import ACTION_PHASES, assess_action
-from kvpool.domain.rollout.machine import (
-    ACTIONS,
-    EVENT_ACTION_IGNORED,
-    RolloutObservation,
-    decide_rollout,
-)
+from kvpool.domain.rollout.actions import ACTION_PHASES, ACTIONS, assess_action
+from kvpool.domain.rollout.machine import decide_rollout
+from kvpool.domain.rollout.model import RolloutObservation
+from kvpool.domain.rollout.vocabulary import EVENT_ACTION_IGNORED
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
 SPEC = RolloutSpec(steps=[RolloutStep(weight=10, pause="60s"), RolloutStep(weight=50, pause="60s")])

@@ -9,14 +9,11 @@ from typing import Any
 import pytest
 
 from kvpool.api.rollout import GateStatus, RolloutSpec, RolloutStatus, RolloutStep
+from kvpool.domain.rollout.children import actions_of
 from kvpool.domain.rollout.gates import TrackSample
-from kvpool.domain.rollout.machine import (
-    RolloutObservation,
-    WindowAnalysis,
-    actions_of,
-    decide_rollout,
-    seconds_to_next_analysis,
-)
+from kvpool.domain.rollout.machine import decide_rollout
+from kvpool.domain.rollout.model import RolloutObservation, WindowAnalysis
+from kvpool.domain.rollout.timing import seconds_to_next_analysis
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
 STAMP0 = "2026-12-01T10:00:00Z"

@@ -39,8 +39,7 @@ from typing import Any
 
 from kvpool.adapters import kube
 from kvpool.domain.manifests import ANNOTATION_ROLLOUT
-from kvpool.domain.rollout.actions import assess_action
-from kvpool.domain.rollout.machine import ACTIONS
+from kvpool.domain.rollout.actions import ACTIONS, assess_action
 
 VERBS = ("status", "list", *ACTIONS)  # show or list rollouts, or an action the operator handles
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

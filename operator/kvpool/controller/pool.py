@@ -59,8 +59,8 @@ from kvpool.domain.pool_status import (
     keep_load_time,
 )
 from kvpool.domain.revision import revision_of
-from kvpool.domain.rollout.machine import to_rfc3339
 from kvpool.domain.rollout.status import build_rollout_status
+from kvpool.domain.rollout.timing import to_rfc3339
 from kvpool.domain.status_events import plan_events
 from kvpool.domain.validity import Checked, Verdict, assess_pool, served_names
 

@@ -11,7 +11,7 @@ Prometheus window, the stable track's in-flight requests while it drains, the
 own plan (:func:`kvpool.domain.rollout.track_plan.plan_canary`), gauges and Events.
 
 State lives only in ``status.rollout``; the children are a function of it
-(:func:`~kvpool.domain.rollout.machine.actions_of`) and have fixed names, so an operator
+(:func:`~kvpool.domain.rollout.children.actions_of`) and have fixed names, so an operator
 killed at any point and restarted converges: no second canary, stable kept (the stable
 Deployment is only *scaled* while a rollout is active, its template pinned), and no step
 advanced without a fresh analysis.
@@ -51,25 +51,26 @@ from kvpool.controller.metrics import OperatorMetrics
 from kvpool.controller.state import OperatorState
 from kvpool.domain import manifests as m
 from kvpool.domain.compile import CanaryInput, PodView, build_endpoints, parse_static_endpoints
+from kvpool.domain.rollout.children import actions_of
 from kvpool.domain.rollout.gates import TrackSample
-from kvpool.domain.rollout.machine import (
+from kvpool.domain.rollout.machine import decide_rollout
+from kvpool.domain.rollout.model import (
+    RolloutActions,
+    RolloutDecision,
+    RolloutEvent,
+    RolloutObservation,
+    WindowAnalysis,
+)
+from kvpool.domain.rollout.timing import parse_rfc3339, seconds_to_next_analysis
+from kvpool.domain.rollout.track_plan import plan_canary
+from kvpool.domain.rollout.vocabulary import (
     ANALYZING,
     DRAINING,
     DRAINING_CANARY,
     PROGRESSING,
     REPLACING,
     STARTING,
-    RolloutActions,
-    RolloutDecision,
-    RolloutEvent,
-    RolloutObservation,
-    WindowAnalysis,
-    actions_of,
-    decide_rollout,
-    parse_rfc3339,
-    seconds_to_next_analysis,
 )
-from kvpool.domain.rollout.track_plan import plan_canary
 
 log = logging.getLogger(__name__)
 
