@@ -17,6 +17,7 @@ part of kvpool; it is split so each piece can be read alone:
 - :mod:`.holds`: prefill holds of tiers with a ``ttftP95Target``;
 - :mod:`.lending`: the borrowing pause and the lent limits;
 - :mod:`.controller`: ``AdmissionController`` - the one object the gateway talks to;
+- :mod:`.snapshot`: the controller's snapshot - in use versus plan per tier and replica;
 - :mod:`.learning`: the learned output reservation and the adaptive overcommit ratio;
 - :mod:`.limiter`: the TTFT limiter that throttles what is lent to lower tiers.
 

@@ -15,7 +15,8 @@ are in docs/0003-admission.md):
 - :mod:`.dispatch` - which waiting requests start, by priority, floors and fairness;
 - :mod:`.wait_estimate` - the expected wait, and the fast rejection past ``maxQueueWait``;
 - :mod:`.holds` - prefill holds of tiers with a ``ttftP95Target``;
-- :mod:`.lending` - the borrowing pause and the TTFT limiter's lent limits.
+- :mod:`.lending` - the borrowing pause and the TTFT limiter's lent limits;
+- :mod:`.snapshot` - in use versus plan, for metrics and the lease demand.
 
 **Lifecycle.** The I/O layer keeps one controller per pool (and rollout track), turns
 :class:`Queue` into a future, resolves futures from the :class:`Wakeups` every mutator
@@ -49,19 +50,16 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
-from kvpool.domain.admission.amount import ZERO
 from kvpool.domain.admission.dispatch import Dispatcher
 from kvpool.domain.admission.feasibility import (
-    lent_by_tier,
     never_fits,
-    position,
-    shared_in_use,
     too_large_detail,
     too_large_message,
 )
 from kvpool.domain.admission.holds import PrefillHolds
-from kvpool.domain.admission.ledger import ReplicaState, TierState, Waiting
+from kvpool.domain.admission.ledger import ReplicaState, Waiting
 from kvpool.domain.admission.lending import LendingGate
+from kvpool.domain.admission.snapshot import take_snapshot
 from kvpool.domain.admission.state import PoolState
 from kvpool.domain.admission.verdicts import (
     REASON_DEADLINE_PASSED,
@@ -76,8 +74,6 @@ from kvpool.domain.admission.verdicts import (
     Admit,
     Queue,
     Reject,
-    ReplicaUsage,
-    TierUsage,
     Verdict,
     Wakeups,
 )
@@ -397,57 +393,9 @@ class AdmissionController:
     # ------------------------------------------------------------------ reporting
 
     def snapshot(self) -> AdmissionSnapshot:
-        """In-use vs plan per tier and replica, queue sizes and counters."""
-        state = self._state
-        pool = state.pool
-        lent = lent_by_tier(state)
-        overcommit = position(state, None, ZERO, None).deficit.clamp0()
-        shared_used = shared_in_use(state)
-        tiers = tuple(
-            TierUsage(
-                tier=t.name,
-                rank=t.rank,
-                in_use_tokens=t.used.tokens,
-                in_use_slots=t.used.slots,
-                floor_tokens=t.floor.tokens,
-                floor_slots=t.floor.slots,
-                borrowed_tokens=(t.used - t.floor).clamp0().tokens,
-                borrowed_slots=(t.used - t.floor).clamp0().slots,
-                lent_tokens=lent.get(t.name, ZERO).tokens,
-                lent_slots=lent.get(t.name, ZERO).slots,
-                queued_requests=t.queued_count,
-                queued_tokens=t.queued.tokens,
-                queued_slots=t.queued.slots,
-                head_tokens=_head_tokens(state, t),
-            )
-            for t in state.order
-        )
-        replicas = tuple(
-            ReplicaUsage(
-                name=r.name,
-                track=r.track,
-                ready=r.ready,
-                reserved_tokens=r.reserved_tokens,
-                reserved_slots=r.reserved_slots,
-                capacity_tokens=pool.tokens_per_replica,
-                capacity_slots=pool.slots_per_replica,
-            )
-            for r in state.replicas.values()
-        )
-        return AdmissionSnapshot(
-            pool=pool.name,
-            total_tokens=pool.total_tokens,
-            total_slots=pool.total_slots,
-            in_use_tokens=state.used.tokens,
-            in_use_slots=state.used.slots,
-            shared_used_tokens=shared_used.tokens,
-            shared_used_slots=shared_used.slots,
-            overcommit_tokens=overcommit.tokens,
-            overcommit_slots=overcommit.slots,
-            tiers=tiers,
-            replicas=replicas,
-            in_flight=len(state.reservations),
-            queued=len(state.waiting),
+        """In-use vs plan per tier and replica, queue sizes and counters (:mod:`.snapshot`)."""
+        return take_snapshot(
+            self._state,
             preempt_admissions=self._dispatcher.preempt_admissions,
             mean_hold_seconds=self._hold_time.mean,
             estimate_error_tokens=self._estimate_error,
@@ -505,10 +453,3 @@ class AdmissionController:
             admitted = self._pending + admitted
             self._pending, self._pending_since = [], None
         return Wakeups(admitted=tuple(admitted), rejected=tuple(rejected))
-
-
-def _head_tokens(state: PoolState, tier: TierState) -> int:
-    """What the tier's next request to start reserves (0 when none may start): the unit
-    in which gateway replicas split the tier's capacity (kvpool.domain.lease)."""
-    head = state.waiting.head(tier) if tier.queues else None
-    return head.request.amount.tokens if head is not None else 0
