@@ -16,6 +16,7 @@ part of kvpool; it is split so each piece can be read alone:
 - :mod:`.wait_estimate`: the expected wait and the fast rejection past ``maxQueueWait``;
 - :mod:`.holds`: prefill holds of tiers with a ``ttftP95Target``;
 - :mod:`.lending`: the borrowing pause and the lent limits;
+- :mod:`.arrival`: what a request is rejected for at once, before it queues;
 - :mod:`.controller`: ``AdmissionController`` - the one object the gateway talks to;
 - :mod:`.snapshot`: the controller's snapshot - in use versus plan per tier and replica;
 - :mod:`.learning`: the learned output reservation and the adaptive overcommit ratio;

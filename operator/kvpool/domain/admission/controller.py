@@ -11,6 +11,7 @@ talks to; it puts the pieces together (the algorithm, its invariants and worked 
 are in docs/0003-admission.md):
 
 - :mod:`.state` - what is reserved and what waits (:class:`~.state.PoolState`);
+- :mod:`.arrival` - what a request is rejected for at once, before it queues;
 - :mod:`.feasibility` - whether a state fits the plan, who lends what;
 - :mod:`.dispatch` - which waiting requests start, by priority, floors and fairness;
 - :mod:`.wait_estimate` - the expected wait, and the fast rejection past ``maxQueueWait``;
@@ -50,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier
+from kvpool.domain.admission.arrival import reject_on_arrival
 from kvpool.domain.admission.dispatch import Dispatcher
 from kvpool.domain.admission.feasibility import (
     never_fits,
@@ -63,12 +65,9 @@ from kvpool.domain.admission.snapshot import take_snapshot
 from kvpool.domain.admission.state import PoolState
 from kvpool.domain.admission.verdicts import (
     REASON_DEADLINE_PASSED,
-    REASON_NO_PLAN,
-    REASON_NO_READY_REPLICA,
     REASON_QUEUE_WAIT,
     REASON_TIER_REMOVED,
     REASON_TOO_LARGE_FOR_POOL,
-    REASON_UNKNOWN_TIER,
     AdmissionRequest,
     AdmissionSnapshot,
     Admit,
@@ -137,7 +136,7 @@ class AdmissionController:
             raise ValueError(
                 f"bad reservation size: {request.tokens} tokens, {request.slots} slots"
             )
-        reject = self._reject_on_arrival(request)
+        reject = reject_on_arrival(state, request)
         if reject is not None:
             return reject
         tier = state.tiers[request.tier]
@@ -403,50 +402,6 @@ class AdmissionController:
         )
 
     # ------------------------------------------------------------------ internals
-
-    def _reject_on_arrival(self, request: AdmissionRequest) -> Reject | None:
-        state = self._state
-        pool = state.pool
-        tier = state.tiers.get(request.tier)
-
-        def reject(
-            outcome: Literal["rejected-deadline", "rejected-capacity"],
-            reason: str,
-            message: str,
-            detail: str = "",
-        ) -> Reject:
-            return Reject(request.request_id, request.tier, outcome, reason, message, detail=detail)
-
-        if not pool.plan_ok:
-            return reject(
-                "rejected-capacity",
-                REASON_NO_PLAN,
-                f"pool {pool.name!r} has no capacity plan yet: retry later",
-            )
-        if tier is None or tier.removed:
-            return reject(
-                "rejected-capacity",
-                REASON_UNKNOWN_TIER,
-                f"pool {pool.name!r} has no tier {request.tier!r}",
-            )
-        if never_fits(state, request, tier):
-            return reject(
-                "rejected-capacity",
-                REASON_TOO_LARGE_FOR_POOL,
-                too_large_message(state, request, tier),
-                too_large_detail(state, request, tier),
-            )
-        if state.replicas and not any(
-            r.ready and (request.track is None or r.track == request.track)
-            for r in state.replicas.values()
-        ):
-            return reject(
-                "rejected-capacity",
-                REASON_NO_READY_REPLICA,
-                f"no ready replica of pool {pool.name!r}"
-                + (f" on track {request.track!r}" if request.track else ""),
-            )
-        return None
 
     def _wakeups(self, admitted: list[Admit], rejected: list[Reject]) -> Wakeups:
         if self._pending:
