@@ -12,4 +12,6 @@ them in fixtures. They import no pytest, so benchmarks and the local demo can us
 - gateway: ``FakeEngine`` (in-process upstream), ``GatewayProcess`` (``kvpool gateway``).
 - waiting: ``wait_until()`` / ``wait_until_async()`` (poll for evidence, fail with what was
   awaited) and ``ManualClock`` (time a test moves by hand) - instead of fixed sleeps.
+- timing: ``stall_loop()`` / ``loop_turns()``: the time a test spends on purpose (a stalled
+  event loop, turns of the loop), named so that no bare sleep is left to read as a guess.
 """

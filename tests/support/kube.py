@@ -53,6 +53,7 @@ import kopf
 import yaml
 
 from tests.support.emulator import KubeEmulator, kopf_peering_crds
+from tests.support.timing import loop_turns
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
@@ -292,7 +293,7 @@ class _EmulatorThread:
     async def _stop(self) -> None:
         if self.emulator is not None:
             await self.emulator.close_watches()
-            await asyncio.sleep(0)  # let the watch handlers see it and finish their streams
+            await loop_turns()  # the watch handlers see it (cleanup waits for them to end)
         if self._runner is not None:
             await self._runner.cleanup()
         if self.emulator is not None:

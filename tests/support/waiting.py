@@ -29,6 +29,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from tests.support.timing import loop_turns
+
 T = TypeVar("T")
 
 
@@ -64,8 +66,8 @@ class ManualClock:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            await asyncio.sleep(0)
+        if seconds <= 0:  # as asyncio's: one turn of the loop
+            await loop_turns()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sleepers.append((self.now + seconds, waiter))

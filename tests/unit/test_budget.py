@@ -41,6 +41,7 @@ from kvpool.domain.budget import (
 )
 from tests.support.redis_server import RedisFactory
 from tests.support.slow_link import SlowLink
+from tests.support.timing import loop_turns, stall_loop
 from tests.support.waiting import ManualClock
 
 BASE = 1_800_000_000.0  # a multiple of 60, 3600 and 86400
@@ -381,9 +382,8 @@ async def test_a_stall_of_this_process_is_not_a_redis_failure(redis_url: str) ->
         await reserve()  # a warm connection
         for point in range(40):
             call = asyncio.create_task(reserve())
-            for _ in range(point % 8):  # let the call run that many steps first
-                await asyncio.sleep(0)
-            time.sleep(0.2)  # the loop stalls: nothing of this process runs
+            await loop_turns(point % 8)  # let the call run that many steps first
+            stall_loop(0.2)  # the loop stalls: nothing of this process runs
             await call
     finally:
         await store.close()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
 from kvpool.gateway.loop_lag import watch_loop_lag
+from tests.support.timing import stall_loop
 from tests.support.waiting import wait_until_async
 
 
@@ -30,7 +30,7 @@ async def test_a_blocked_loop_is_reported_as_lag() -> None:
     watcher = asyncio.create_task(watch_loop_lag(lag, interval=0.01))
     await wait_until_async(lambda: observed(registry) >= 1, 5, "the watcher running")
     before = observed(registry)
-    time.sleep(0.08)  # the stall itself: what a large body parsed on the loop does to all
+    stall_loop(0.08)  # the stall under test: what a large body parsed on the loop does to all
     await wait_until_async(lambda: observed(registry) > before, 5, "the wake-up after it")
     watcher.cancel()
     # one wake-up came at least 60 ms late (asked 10 ms, blocked 80 ms)

@@ -15,6 +15,7 @@ from kvpool.controller.cache import Cache, pod_view, secret_digests
 from kvpool.controller.coalescer import Coalescer
 from kvpool.domain.compile import PodView
 from tests.builders import standard_tierpolicy_manifest
+from tests.support.timing import loop_turns
 from tests.support.waiting import ManualClock
 
 
@@ -119,10 +120,10 @@ async def test_a_burst_of_requests_costs_at_most_two_runs() -> None:
 
     queue = Coalescer(work)
     first = asyncio.create_task(queue.request("a"))
-    await asyncio.sleep(0)  # the first run starts and waits on the gate
+    await loop_turns()  # the first run starts and waits on the gate
     burst = [asyncio.create_task(queue.request("a")) for _ in range(10)]
     other = asyncio.create_task(queue.request("b"))  # other keys are independent
-    await asyncio.sleep(0)
+    await loop_turns()  # the burst is queued behind the first run
     gate.set()
     await asyncio.gather(first, *burst, other)
     assert sorted(runs) == ["a", "a", "b"]
@@ -146,8 +147,7 @@ async def test_a_failed_run_lets_the_next_request_run_again() -> None:
 
 async def _settle() -> None:
     """Let every task that can run now run (a few loop turns; nothing waits on time)."""
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await loop_turns(5)
 
 
 async def test_request_after_runs_once_when_the_time_comes() -> None:
