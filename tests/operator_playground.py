@@ -21,7 +21,6 @@ import contextlib
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -87,8 +86,8 @@ def main() -> int:
                 return 0
             with contextlib.suppress(KeyboardInterrupt):
                 print("Ctrl-C to stop", flush=True)
-                while op.process.running():
-                    time.sleep(1)  # an interactive session: idle until the user stops it
+                assert op.process.proc is not None
+                op.process.proc.wait()  # idle until the user stops it (or the operator exits)
     return 0
 
 
