@@ -81,7 +81,9 @@ def tiny_tokenizer() -> str | None:
     return str(found[0]) if found else None
 
 
-def bench_config(engine_url: str, tokenizer: str | None = None) -> AdmissionConfigBuilder:
+def bench_config(
+    engine_url: str, tokenizer: str | None = None, max_model_len: int = 4096
+) -> AdmissionConfigBuilder:
     """One pool big enough that admission never queues: we measure overhead, not policy."""
     return (
         AdmissionConfigBuilder()
@@ -93,7 +95,7 @@ def bench_config(engine_url: str, tokenizer: str | None = None) -> AdmissionConf
             [engine_url],
             tokens_per_replica=10_000_000,
             slots_per_replica=100_000,
-            max_model_len=4096,
+            max_model_len=max_model_len,
             output_p95=64,
             tokenizer_path=tokenizer,
         )

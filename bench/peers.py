@@ -48,7 +48,6 @@ import asyncio
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +62,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.engine import EngineConfig, VllmEngine
 from tests.support.gateway import GatewayProcess
-from tests.support.ports import free_port
 from tests.support.processes import ManagedProcess
 from tests.support.tiny_model import tiny_model_dir
 
@@ -88,6 +86,7 @@ from benchkit import (
     words_text,
     write_results,
 )
+from router import start_router
 
 TIERS = ("interactive", "batch", "eval")
 WORDS = ["the", "a", "model", "token", "cache", "tier", "floor", "budget", "engine", "queue"]
@@ -521,36 +520,6 @@ def start_engine(name: str, policy: str, core: int | None, workdir: Path) -> Vll
         return VllmEngine(config, log_path=workdir / f"vllm-{name}.log").start()
     finally:
         os.sched_setaffinity(0, every)
-
-
-def router_binary() -> str:
-    script = REPO / "scripts" / "ensure-vllm-router.sh"
-    out = subprocess.run([str(script)], check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
-
-
-async def start_router(urls: list[str], workdir: Path) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    argv = [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls"]
-    argv += [*urls, "--policy", "cache_aware"]
-    process = ManagedProcess(argv, log_path=workdir / "router.log", env=os.environ, cwd=workdir)
-    process.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(f"{base}/health") as resp:
-                    if resp.status == 200:
-                        return process, base
-            except aiohttp.ClientError:
-                pass
-            if not process.running():
-                break
-            await asyncio.sleep(0.5)
-    process.stop()
-    tail = (workdir / "router.log").read_text()[-2000:]
-    raise RuntimeError(f"vllm-router did not become healthy at {base}; its log ends:\n{tail}")
 
 
 async def run_all(

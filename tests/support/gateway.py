@@ -63,7 +63,7 @@ class FakeEngine:
     url: str = ""
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # a 100k-token prompt
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_get("/metrics", self._metrics)

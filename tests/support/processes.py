@@ -92,7 +92,7 @@ class ManagedProcess:
         """Resident memory of the process and all its descendants (Linux /proc)."""
         if not self.running():
             return 0
-        return sum(_rss(pid) for pid in [self.pid, *_descendants(self.pid)])
+        return sum(_rss(pid) for pid in [self.pid, *descendants(self.pid)])
 
     def log_errors(self, lines: int = 10) -> str:
         """The last ``lines`` log lines naming an exception (``...Error:``), root causes first.
@@ -146,7 +146,8 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """The pids of every process below ``pid`` (children, their children...)."""
     children = _children_map()
     found, stack = [], [pid]
     while stack:

@@ -8,6 +8,7 @@ in tests/integration/test_gateway_body.py). Real tokenizer (the tiny model's).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -54,3 +55,41 @@ async def test_small_bodies_are_handled_on_the_loop(
     else:
         with pytest.raises(RuntimeError, match="shutdown"):
             await worker.parse("chat", raw)
+
+
+async def test_counting_a_long_prompt_on_a_worker_leaves_the_loop_running(
+    tiny_tokenizer_json: Path,
+) -> None:
+    # Tokenizer.encode held the GIL for the whole encoding: while a worker counted a
+    # 100k-token prompt (~130 ms) the loop, waiting for the GIL, ran 0-3 turns. The batch
+    # call releases it, so the loop keeps relaying streams meanwhile.
+    worker = BodyWorker(TokenizerCache())
+    pool = (
+        AdmissionConfigBuilder()
+        .tier("interactive", 50)
+        .pool(
+            "tiny",
+            ["http://127.0.0.1:9"],
+            tokenizer_path=tiny_tokenizer_json,
+            max_model_len=200_000,
+        )
+        .obj()
+        .pools[0]
+    )
+    await worker.body_limit([pool], 64 << 20)  # loads the tokenizer and its longest token
+    words = [f"w{i % 997}x{i % 13}" for i in range(60_000)]
+    raw = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": " ".join(words)}]}
+    ).encode()
+    parsed = await worker.parse("chat", raw)
+    counting = asyncio.ensure_future(
+        worker.count_prompt(pool, parsed, None, parsed.prompt_utf8_bytes)
+    )
+    turns = 0
+    while not counting.done():
+        await asyncio.sleep(0.001)  # one loop turn (of a millisecond) while the worker counts
+        turns += 1
+    count = counting.result()
+    worker.close()
+    assert count is not None and count > 60_000
+    assert turns >= 20, f"the loop ran {turns} turns while {count} tokens were counted"
