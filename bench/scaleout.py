@@ -440,6 +440,11 @@ def bucket_quantile(buckets: dict[str, float], q: float) -> float | None:
     return None
 
 
+def _per(total: float, count: float) -> float | None:
+    """``total / count`` rounded, None when nothing was counted."""
+    return _r(total / count) if count else None
+
+
 def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
     output = sum(tally.tokens.values())
     row: dict[str, Any] = {
@@ -456,29 +461,15 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "max_sum_in_use_slots": tally.max_in_use_slots,
         "max_sum_in_use_tokens": tally.max_in_use_tokens,
         "max_engine_sequences": tally.max_engine_sequences,
-        "mean_sum_in_use_slots": _r(tally.sum_in_use_slots / tally.samples)
-        if tally.samples
-        else None,
-        "mean_sum_in_use_tokens": _r(tally.sum_in_use_tokens / tally.samples)
-        if tally.samples
-        else None,
-        "mean_idle_tokens_quiet_replicas": _r(tally.sum_idle_quiet_tokens / tally.samples)
-        if tally.samples
-        else None,
-        "mean_idle_tokens_waiting_replicas": _r(tally.sum_idle_waiting_tokens / tally.samples)
-        if tally.samples
-        else None,
-        "renewals_per_s_per_replica": _r(tally.renewals / tally.replica_seconds)
-        if tally.replica_seconds
-        else None,
-        "redis_commands_per_s_per_replica": _r(tally.redis_commands / tally.replica_seconds)
-        if tally.replica_seconds
-        else None,
-        "gateway_cpu_percent_per_replica": _r(
-            100 * tally.gateway_cpu_seconds / tally.replica_seconds
-        )
-        if tally.replica_seconds
-        else None,
+        "mean_sum_in_use_slots": _per(tally.sum_in_use_slots, tally.samples),
+        "mean_sum_in_use_tokens": _per(tally.sum_in_use_tokens, tally.samples),
+        "mean_idle_tokens_quiet_replicas": _per(tally.sum_idle_quiet_tokens, tally.samples),
+        "mean_idle_tokens_waiting_replicas": _per(tally.sum_idle_waiting_tokens, tally.samples),
+        "renewals_per_s_per_replica": _per(tally.renewals, tally.replica_seconds),
+        "redis_commands_per_s_per_replica": _per(tally.redis_commands, tally.replica_seconds),
+        "gateway_cpu_percent_per_replica": _per(
+            100 * tally.gateway_cpu_seconds, tally.replica_seconds
+        ),
         "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
         "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
     }

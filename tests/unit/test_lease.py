@@ -32,14 +32,21 @@ from tests.builders.compiled import CompiledPoolBuilder, compiled_tier
 A = Amount
 
 
-def three_tiers() -> LeasePlan:
-    """The examples' policy on one engine of 1,843 usable tokens and 8 slots."""
+EXAMPLES_FLOORS = (A(921, 4), A(552, 2), A(192, 1))  # interactive, batch, eval
+EXAMPLES_SHARED = A(178, 1)
+
+
+def three_tiers(
+    floors: tuple[Amount, Amount, Amount] = EXAMPLES_FLOORS, shared: Amount = EXAMPLES_SHARED
+) -> LeasePlan:
+    """The examples' policy on one engine of 1,843 usable tokens and 8 slots (the floors of
+    interactive, batch and eval, and the shared remainder, as the planner gave them)."""
     return LeasePlan(
         tiers=("interactive", "batch", "eval"),
-        floors={"interactive": A(921, 4), "batch": A(552, 2), "eval": A(192, 1)},
+        floors=dict(zip(("interactive", "batch", "eval"), floors, strict=True)),
         lend_percent={"interactive": 100, "batch": 50, "eval": 100},
         preempt=frozenset({"interactive"}),
-        shared=A(178, 1),
+        shared=shared,
         per_engine=A(1843, 8),
     )
 
@@ -96,14 +103,7 @@ def test_fill_whole_serves_who_holds_the_fewest_requests_first() -> None:
 def test_floors_split_over_replicas_are_not_fragments_too_small_for_a_request() -> None:
     # the scale-out bench's four-skewed case: batch requests (300 tokens) reach two
     # replicas, each with 4 queued; chat reaches a third; the batch floor is 475 tokens
-    plan = LeasePlan(
-        tiers=("interactive", "batch", "eval"),
-        floors={"interactive": A(893, 4), "batch": A(475, 2), "eval": A(475, 1)},
-        lend_percent={"interactive": 100, "batch": 50, "eval": 100},
-        preempt=frozenset({"interactive"}),
-        shared=A(0, 1),
-        per_engine=A(1843, 8),
-    )
+    plan = three_tiers(floors=(A(893, 4), A(475, 2), A(475, 1)), shared=A(0, 1))
     batch = TierDemand(now=A(1200, 4), peak=A(1200, 4), head_tokens=300)
     table = {
         "r0": Report({"batch": batch}),
