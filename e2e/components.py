@@ -145,9 +145,15 @@ def start_engines(
 
 
 def start_gateway(
-    stack: contextlib.ExitStack, kube: KubeApi, redis: RedisServer, workdir: Path
+    stack: contextlib.ExitStack,
+    kube: KubeApi,
+    redis: RedisServer,
+    workdir: Path,
+    name: str = "gateway",
 ) -> tuple[ManagedProcess, str]:
-    """``kvpool gateway`` reading the operator's ConfigMap from the API, budgets in Redis."""
+    """``kvpool gateway`` reading the operator's ConfigMap from the API, budgets in Redis
+    (and, with Redis, leasing the plan with any other replica on it); ``name`` is its id
+    among the replicas and its log's name."""
     port = free_port()
     argv = kvpool_command(
         "gateway",
@@ -160,11 +166,13 @@ def start_gateway(
         "--listen",
         f"127.0.0.1:{port}",
         "--no-access-log",
+        "--replica-id",
+        name,
         "--metrics-on-api-port",  # scraped from the API port by the demo's Prometheus
         "--metrics-listen",
         "",  # no second listener: 0.0.0.0:8081 may be taken on a shared machine
     )
-    gateway = ManagedProcess(argv, log_path=workdir / "gateway.log", env=dict(os.environ), cwd=REPO)
+    gateway = ManagedProcess(argv, log_path=workdir / f"{name}.log", env=dict(os.environ), cwd=REPO)
     stack.callback(gateway.stop)
     gateway.start()
     url = f"http://127.0.0.1:{port}"

@@ -7,13 +7,18 @@ Run from the repo root with the project's venv (``make demo`` does this)::
     .venv/bin/python -m e2e.local_demo --engines 2    # two engine replicas
     .venv/bin/python -m e2e.local_demo --keep-running # leave it up, print URLs, Ctrl-C ends
     .venv/bin/python -m e2e.local_demo --no-rollout   # skip the half-KV canary rollout part
+    .venv/bin/python -m e2e.local_demo --no-scaleout  # skip the second gateway replica part
 
 Why it exists: it shows the product's point end to end - the operator *measures* the
 engines' KV capacity, plans a floor per tier and publishes the compiled admission config;
 the gateway enforces it, so an interactive tenant keeps its latency while a batch tenant
 floods the same engines (at twice what they serve, measured at start-up) - with every
 component real except the cluster itself. A baseline phase then sends the same traffic
-straight to the engines (no kvpool) for comparison. Last, the pool is rolled out to a
+straight to the engines (no kvpool) for comparison. Then a second gateway replica joins
+through Redis (no replica count set), batch goes to one replica and chat to the other,
+their leases follow the traffic without exceeding the plan, and the chat replica is
+killed: the other holds the whole plan within the lease TTL (e2e/scaleout_demo.py).
+Last, the pool is rolled out to a
 revision with half the KV cache (a second engine): the rollout pauses with
 ``KVCapacityShrunk``, batch traffic stays on stable, an abort restores stable-only routing
 (e2e/rollout_demo.py).
@@ -113,6 +118,7 @@ from e2e.report import (
     parse_samples,
 )
 from e2e.rollout_demo import run_rollout
+from e2e.scaleout_demo import run_scaleout
 from e2e.traffic import (
     TrafficClass,
     build_batch,
@@ -144,6 +150,7 @@ class DemoOptions:
     workdir: Path  # logs, rendered manifests, Prometheus data
     results: Path  # where the JSON results go
     rollout: bool = True  # roll out a half-KV revision after the traffic phases
+    scaleout: bool = True  # a second gateway replica, skewed ingress, one replica killed
 
 
 def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
@@ -178,6 +185,12 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         default=True,
         help="then roll out a half-KV revision: paused KVCapacityShrunk, abort (default: on)",
     )
+    parser.add_argument(
+        "--scaleout",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="then a second gateway replica with skewed ingress, and one killed (default: on)",
+    )
     args = parser.parse_args(argv)
     duration = args.duration if args.duration is not None else (30.0 if args.quick else 60.0)
     baseline = args.baseline if args.baseline is not None else not args.quick
@@ -192,6 +205,7 @@ def parse_options(argv: Sequence[str] | None = None) -> DemoOptions:
         workdir=workdir.resolve(),
         results=args.results.resolve(),
         rollout=args.rollout,
+        scaleout=args.scaleout,
     )
 
 
@@ -619,6 +633,15 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             narrator.step("With kvpool vs without")
             narrator.say(compare(kvpool, baseline))
         document = build_results(options, narrator, system, kvpool, samples, memory, baseline)
+        if options.scaleout:
+            document["scaleout"] = run_scaleout(
+                stack,
+                system,
+                narrator.say,
+                narrator.step,
+                (api_key(system.docs, INTERACTIVE_SECRET), api_key(system.docs, BATCH_SECRET)),
+                options.workdir,
+            )
         if options.rollout:
             document["rollout"] = run_rollout(
                 stack,

@@ -9,6 +9,8 @@ flood share the engine for ~30 s, then:
 - interactive requests were served, at least as large a share as of the batch flood, and
   with less queueing (the point of the product);
 - the gateway's queue-time histogram has observations for both tiers;
+- a second gateway replica joins through Redis: skewed ingress serves both tiers within the
+  plan, and a killed replica's capacity is back within its lease TTL;
 - a rollout to a revision with half the KV cache pauses with KVCapacityShrunk, no batch
   request reaches the canary, and an abort leaves stable-only routing.
 
@@ -129,3 +131,13 @@ def test_quick_demo_serves_interactive_with_measured_capacity(tmp_path: Path) ->
     assert rollout["batch_requests_reached_canary"] == 0
     assert rollout["after_abort_phase"] == "Aborted"
     assert rollout["after_abort_tracks"]["canary"] == {"weight": 0, "endpoints": 0}
+    # A second gateway replica joins through Redis; with batch at one replica and chats at
+    # the other, both are served, the two together never hold more slots than the plan,
+    # and the killed chat replica's capacity is back with the other within its lease TTL.
+    scaleout = results["scaleout"]
+    assert scaleout["members"] == 2
+    assert scaleout["chats_answered_via_b"] > 0, scaleout
+    assert scaleout["chats_answered_via_b"] == scaleout["chats_sent_via_b"], scaleout
+    assert scaleout["batch_answered_via_a"] > 0, scaleout
+    assert scaleout["max_sum_in_use_slots"] <= scaleout["plan_slots"], scaleout
+    assert scaleout["seconds_to_whole_plan_after_kill"] <= 5, scaleout
