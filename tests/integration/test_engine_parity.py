@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.engine]
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MAX_MODEL_LEN = 512
+IDLE_POLLS = 10  # polls of an idle engine that must leave the overcommit ratio alone
 
 
 def _ids(count: int, start: int = 10) -> list[int]:
@@ -266,7 +267,13 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     )
     assert resp.status == 200, await resp.text()
     await resp.read()
-    await asyncio.sleep(0.5)  # ~10 polls of the idle engine (the claim: nothing changes)
+    idle_from = tiny_engine.log_path.stat().st_size
+    await wait_until_async(  # the claim: nothing changes over these polls (one answer
+        # more: the watcher polls one at a time, so the poll before it has been applied)
+        lambda: _metrics_answers(tiny_engine, idle_from) >= IDLE_POLLS + 1,
+        10,
+        f"{IDLE_POLLS} polls of the idle engine",
+    )
     quiet = _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
     async with aiohttp.ClientSession() as session:  # a direct load keeps the engine busy
         load = [
@@ -320,6 +327,14 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     assert quiet == 1.0, f"batch ratio {quiet} after idle polls: an idle engine is no evidence"
     batch_ratio = _sample(after, "kvpool_gateway_overcommit_ratio", 'tier="batch"')
     assert 0.5 <= batch_ratio < 1.0, f"batch ratio {batch_ratio}: no creep while busy"
+
+
+def _metrics_answers(engine: VllmEngine, since: int) -> int:
+    """The engine's answers to GET /metrics logged after byte ``since`` of its log (its
+    access log): the gateway's polls, while nothing else reads them."""
+    with engine.log_path.open("rb") as log:
+        log.seek(since)
+        return log.read().count(b'"GET /metrics HTTP/1.1" 200')
 
 
 async def _engine_metrics(engine: VllmEngine) -> str:
