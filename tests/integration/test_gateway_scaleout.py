@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -47,10 +48,24 @@ def config(engine: FakeEngine) -> AdmissionConfigBuilder:
 
 @dataclass
 class Traffic:
-    """Requests sent through the gateways, each a task, ended at teardown."""
+    """Requests sent through the gateways, each a task, ended at teardown; ``written``
+    counts those whose body went out on a socket (into a stopped gateway's accept backlog,
+    say), seen by :meth:`trace` (hand it to the session)."""
 
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession = field(init=False)
     tasks: list[asyncio.Task[int]] = field(default_factory=list)
+    written: int = 0
+
+    def trace(self) -> aiohttp.TraceConfig:
+        trace = aiohttp.TraceConfig()
+
+        async def body_sent(_: object, request: SimpleNamespace, __: object) -> None:
+            if not getattr(request, "written", False):  # once a request, however chunked
+                request.written = True
+                self.written += 1
+
+        trace.on_request_chunk_sent.append(body_sent)
+        return trace
 
     def batch(self, gateway: GatewayProcess, count: int) -> list[asyncio.Task[int]]:
         return self._send(gateway, count, "sk-bulk", "/v1/completions")
@@ -90,8 +105,9 @@ async def engine() -> AsyncIterator[FakeEngine]:
 @pytest.fixture
 async def traffic() -> AsyncIterator[Traffic]:
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        sent = Traffic(session)
+    sent = Traffic()
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[sent.trace()]) as session:
+        sent.session = session
         yield sent
         for task in sent.tasks:
             task.cancel()
@@ -334,8 +350,11 @@ async def test_a_replica_stopped_past_its_lease_does_not_admit_on_it_when_it_res
         await wait_until_async(
             lambda: len(engine.received) >= SLOTS, TTL + 3, "b granted what a does not hold"
         )
+        written = traffic.written
         late = traffic.batch(a, 3)  # in a's accept backlog while it is stopped
-        await asyncio.sleep(0.3)
+        await wait_until_async(
+            lambda: traffic.written >= written + 3, 10, "3 requests written to the stopped a"
+        )
     finally:
         os.kill(a.process.pid, signal.SIGCONT)
     await renewals_after(a, 3)  # a resumed and renewed
