@@ -420,9 +420,9 @@ def kill_engine_mid_request(
     """Three long generations through the gateway; the engine is killed while it runs them.
 
     A round the gateway answers 503 as a whole (say, both routes to the engine ejected for a
-    health probe that a loaded machine answered late) is sent again after the Retry-After,
-    as a client would; any other round in which no request reached the engine fails the
-    test with the answers and the gateway's log.
+    health probe that a loaded machine answered late) is sent again once the gateway
+    answers a short chat again; any other round in which no request reached the engine
+    fails the test with the answers and the gateway's log.
     """
     running = re.compile(r"^vllm:num_requests_running\{[^}]*\} [1-9]", flags=re.MULTILINE)
     deadline = time.monotonic() + 90
@@ -443,7 +443,12 @@ def kill_engine_mid_request(
             )
         except StopWaitingError:
             if all(status == 503 for status, _ in answers) and time.monotonic() < deadline:
-                time.sleep(2)
+                wait_until(
+                    lambda: chat(gateway, key, max_tokens=1)[0] == 200,
+                    max(1.0, deadline - time.monotonic()),
+                    "the gateway routing to the engine again after a round answered 503",
+                    interval=0.5,
+                )
                 continue
             tail = gateway_log.read_text()[-4000:]
             raise AssertionError(f"no request reached the engine: {answers}\n{tail}") from None
