@@ -25,6 +25,7 @@ import pytest
 
 from tests.builders import standard_admission_config
 from tests.support.gateway import FakeEngine, GatewayProcesses
+from tests.support.waiting import wait_until_async
 
 ACME = {"Authorization": "Bearer sk-acme"}
 MIB = 1024 * 1024
@@ -45,7 +46,7 @@ while not stop.is_set():
     conn.request("GET", "/healthz")
     conn.getresponse().read()
     out.append(time.monotonic() - started)
-    time.sleep(0.005)  # the probing rate
+    stop.wait(0.005)  # the probing rate (and an end at once when stdin closes)
 print(json.dumps(out))
 """
 
@@ -107,19 +108,27 @@ async def test_healthz_answers_while_four_maximum_bodies_are_processed(
                 ) as resp:
                     return resp.status, await resp.json()
 
-            async def watch_rss() -> None:
-                nonlocal peak_rss
-                while True:
-                    peak_rss = max(peak_rss, proc.process.rss_bytes())
-                    await asyncio.sleep(0.02)  # a sampling rate, not a wait
+            async def rounds() -> list[tuple[int, dict[str, object]]]:
+                results: list[tuple[int, dict[str, object]]] = []
+                for _ in range(ROUNDS):
+                    results += await asyncio.gather(*(send() for _ in range(4)))
+                return results
 
-            watcher = asyncio.create_task(watch_rss())
             started = time.monotonic()
-            results: list[tuple[int, dict[str, object]]] = []
-            for _ in range(ROUNDS):
-                results += await asyncio.gather(*(send() for _ in range(4)))
+            sending = asyncio.create_task(rounds())
+
+            def sampled_until_answered() -> bool:
+                """One reading of the RSS (every 20 ms) while the rounds run; True at their end."""
+                nonlocal peak_rss
+                peak_rss = max(peak_rss, proc.process.rss_bytes())
+                return sending.done()
+
+            try:
+                await wait_until_async(sampled_until_answered, 120, "the rounds", interval=0.02)
+            finally:
+                sending.cancel()  # a no-op once they ended
             elapsed = time.monotonic() - started
-            watcher.cancel()
+            results = await sending
     finally:
         prober.stdin.close()
         latencies = sorted(json.loads(await prober.stdout.read()))

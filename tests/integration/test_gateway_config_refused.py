@@ -20,6 +20,7 @@ import pytest
 from kvpool.adapters.config_source import ConfigError, FileConfigSource, parse_config
 from tests.builders import AdmissionConfigBuilder
 from tests.support.gateway import FakeEngine, GatewayClientFactory
+from tests.support.waiting import wait_until_async
 
 
 def document(engine: str) -> dict[str, Any]:
@@ -96,10 +97,7 @@ async def test_a_reload_with_an_invalid_config_keeps_the_last_good_one(
         doc = document(fake_engine.url)
         window_zero(doc)
         path.write_text(json.dumps(doc) + " ")  # another size: a change
-        for _ in range(100):
-            if errors:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: errors or applied, 5, "the changed config reported")
     finally:
         watch.cancel()
     assert applied == [] and len(errors) == 1, (applied, errors)

@@ -14,6 +14,7 @@ timeout cuts the client, releases its reservation at once, and the memory goes b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import AdmissionConfigBuilder
 from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
+from tests.support.waiting import WaitTimeoutError, wait_until_async
 
 IDLE_SECONDS = 2.0  # --upstream-idle-timeout: also the longest a client write may take
 STREAMS = 300
@@ -86,17 +88,21 @@ def full_stream(port: int) -> int:
 
 async def watch_release(gateway: GatewayProcess, timeout: float) -> tuple[int, int, float, int]:
     """Poll the slots in use until they were held and are all back (or ``timeout``): (the
-    most held at once, the last count seen, seconds waited, RSS at the peak)."""
+    most held at once, the last count seen (-1: none read), seconds waited, RSS at the
+    peak)."""
     started = time.monotonic()
-    peak, rss_at_peak = 0, gateway.process.rss_bytes()
-    while True:
+    peak, held, rss_at_peak = 0, -1, gateway.process.rss_bytes()
+
+    async def all_back() -> bool:
+        nonlocal peak, held, rss_at_peak
         held = await asyncio.to_thread(slots_in_use, gateway)
-        waited = time.monotonic() - started
         if held > peak:
             peak, rss_at_peak = held, gateway.process.rss_bytes()
-        if (peak and held == 0) or waited > timeout:
-            return peak, held, waited, rss_at_peak
-        await asyncio.sleep(0.1)
+        return bool(peak and held == 0)
+
+    with contextlib.suppress(WaitTimeoutError):  # the caller reports what was still held
+        await wait_until_async(all_back, timeout, "the slots held, then released", interval=0.1)
+    return peak, held, time.monotonic() - started, rss_at_peak
 
 
 async def test_never_reading_streams_are_cut_and_release_their_reservations(
@@ -142,12 +148,15 @@ async def test_never_reading_streams_are_cut_and_release_their_reservations(
         )
         # the aborted connections' buffers are freed and trimmed (at most once a second):
         # wait for the evidence, up to 15 s, instead of reading RSS once
-        limit = rss_before * 1.10
-        deadline = time.monotonic() + 15.0
         rss_after = gateway.process.rss_bytes()
-        while rss_after > limit and time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
+
+        def trimmed() -> bool:
+            nonlocal rss_after
             rss_after = gateway.process.rss_bytes()
+            return rss_after <= rss_before * 1.10
+
+        with contextlib.suppress(WaitTimeoutError):  # the assertion below says by how much
+            await wait_until_async(trimmed, 15.0, "the RSS back", interval=0.25)
     finally:
         for sock in sockets:
             sock.close()

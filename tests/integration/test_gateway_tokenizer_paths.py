@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import AdmissionConfigBuilder
 from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
+from tests.support.waiting import WaitTimeoutError, wait_until_async
 
 HUGE_BYTES = 256 * 1024 * 1024
 
@@ -86,16 +87,22 @@ async def test_fifo_device_and_huge_tokenizer_paths_do_not_freeze_the_gateway(
     gateway = gateway_process.create(config)
     started = time.monotonic()
     await asyncio.to_thread(gateway.process.start)
-    answered = None
-    while time.monotonic() - started < 20:  # the process's own start (imports) included
+
+    async def answered_after() -> float | None:
+        """Seconds from the start to a /healthz answered within 1 s (None: not yet)."""
         if await asyncio.to_thread(healthz_seconds, gateway, 1.0) <= 1.0:
-            answered = time.monotonic() - started
-            break
-        await asyncio.sleep(0.1)
-    assert answered is not None, (
-        f"/healthz did not answer within {time.monotonic() - started:.0f} s of the start "
-        f"with a FIFO tokenizerPath (the gateway is frozen):\n{gateway.log_tail(20)}"
-    )
+            return time.monotonic() - started
+        return None
+
+    try:  # within 20 s of the start: the process's own start (imports) included
+        answered = await wait_until_async(
+            answered_after, 20 - (time.monotonic() - started), "/healthz", interval=0.1
+        )
+    except WaitTimeoutError:
+        raise AssertionError(
+            f"/healthz did not answer within {time.monotonic() - started:.0f} s of the start "
+            f"with a FIFO tokenizerPath (the gateway is frozen):\n{gateway.log_tail(20)}"
+        ) from None
     probes = [await asyncio.to_thread(healthz_seconds, gateway) for _ in range(20)]
     assert max(probes) < 0.5, f"/healthz took up to {max(probes):.2f} s (20 probes)"
     statuses = {name: await asyncio.to_thread(chat, gateway, name) for name in paths}
