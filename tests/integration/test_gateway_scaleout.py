@@ -43,6 +43,13 @@ def config(engine: FakeEngine) -> AdmissionConfigBuilder:
         .pool("tiny", [engine.url], tokens_per_replica=8192, slots_per_replica=SLOTS)
         .tenant("acme", key="sk-acme", tiers=["interactive"], labels={"class": "interactive"})
         .tenant("bulk", key="sk-bulk", tiers=["batch"])
+        .tenant(
+            "capped",
+            key="sk-capped",
+            tiers=["interactive"],
+            labels={"class": "interactive"},
+            max_concurrency=4,
+        )
     )
 
 
@@ -72,6 +79,9 @@ class Traffic:
 
     def chat(self, gateway: GatewayProcess, count: int) -> list[asyncio.Task[int]]:
         return self._send(gateway, count, "sk-acme", "/v1/chat/completions")
+
+    def capped_chat(self, gateway: GatewayProcess, count: int) -> list[asyncio.Task[int]]:
+        return self._send(gateway, count, "sk-capped", "/v1/chat/completions")
 
     def _send(self, gateway: GatewayProcess, count: int, key: str, path: str):
         body: dict[str, object] = {"model": "tiny", "max_tokens": 4}
@@ -330,6 +340,30 @@ async def test_redis_down_keeps_admitting_on_the_equal_split_then_leases_again(
     )
     await in_flight_reaches(engine, SLOTS, TTL + 5, "a leases the whole plan again")
     assert engine.max_in_flight == SLOTS
+
+
+async def test_a_limited_tenant_idle_when_redis_dies_is_served_on_the_last_lease(
+    replicas, engine: FakeEngine, traffic: Traffic, redis: RedisServer
+) -> None:
+    """A tenant with a maxConcurrency is leased only where it has requests. Given it never
+    sent one here, when Redis dies, its first chat starts while the last lease is still
+    valid (on its equal part of the limit), not only once that lease runs out (2.5 s:
+    longer than the examples' interactive queue wait)."""
+    a = await replicas()
+    await both_members(a)
+    redis.kill()
+    await renewals_after(a, 1, result="error")
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    (answer,) = traffic.capped_chat(a, 1)
+    await in_flight_reaches(engine, 1, TTL + 5, "the idle tenant's chat on the engine")
+    started = loop.time() - sent
+    leased = await metric(a, "kvpool_gateway_lease_mode", mode="leased")
+    print(f"the idle tenant's chat on the engine {started:.2f} s after it was sent")
+    assert leased == 1.0, f"started {started:.2f} s later, once the last lease ran out"
+    assert engine.hold is not None
+    engine.hold.set()
+    assert await asyncio.wait_for(answer, 15) == 200
 
 
 async def test_a_replica_stopped_past_its_lease_does_not_admit_on_it_when_it_resumes(

@@ -596,7 +596,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
 
         # And Redis dies: interactive falls back to the local allowance, batch fails closed
         redis.stop()
-        assert chat(gateway, chat_key)[0] == 200
+        status, text = chat(gateway, chat_key)
+        assert status == 200, text
         status, text = completion(gateway, batch_key)
         assert status == 503 and "budget_unavailable" in text, text
 

@@ -23,6 +23,7 @@ from kvpool.domain.lease import (
     equal_split,
     fill,
     fill_whole,
+    outage_tenant_shares,
     plan_leases,
     shrunk,
     spread,
@@ -380,6 +381,28 @@ def test_the_equal_split_and_the_shrunk_lease_never_exceed_the_plan() -> None:
     low = shrunk(last, equal)
     assert low.floors["interactive"] == A(307, 1) and low.loans == {}
     assert low.shared == A(59, 0)
+
+
+HELD = {"chat": 150}  # this replica's lease: chat busy here, bulk idle here
+EQUAL = {"chat": 100, "bulk": 32}  # two replicas: half of each limit
+
+
+@pytest.mark.parametrize(
+    ("mode", "failing", "shares"),
+    [
+        pytest.param(LeaseMode.LEASED, False, {"chat": 150}, id="leased-bulk-waits-a-renewal"),
+        # Redis just died: no renewal can lease bulk here, so its equal part, at once
+        pytest.param(LeaseMode.LEASED, True, {"chat": 150, "bulk": 32}, id="redis-down-valid"),
+        pytest.param(LeaseMode.SHRUNK, True, {"chat": 100, "bulk": 32}, id="redis-down-shrunk"),
+        pytest.param(LeaseMode.EQUAL, True, {"chat": 100, "bulk": 32}, id="redis-down-equal"),
+        pytest.param(LeaseMode.EXPIRED, False, {}, id="stalled"),
+        pytest.param(LeaseMode.NONE, True, {}, id="never-leased"),
+    ],
+)
+def test_a_tenant_idle_here_when_redis_goes_is_served_at_once(
+    mode: LeaseMode, failing: bool, shares: dict[str, int]
+) -> None:
+    assert outage_tenant_shares(mode, HELD, EQUAL, failing=failing) == shares
 
 
 # -- a lease as a pool view --------------------------------------------------------------

@@ -59,6 +59,7 @@ from kvpool.domain.lease import (
     build_lease_plan,
     decide_lease_mode,
     equal_split,
+    outage_tenant_shares,
     plan_leases,
     shrunk,
 )
@@ -466,7 +467,7 @@ class LeaseKeeper:
                 continue
             runtime.on_queued = self.wake
             effective = self._effective(state)
-            runtime.set_tenant_limits(state.track, self._tenant_shares(state, effective))
+            runtime.set_tenant_limits(state.track, self._tenant_shares(state))
             self.metrics.export_lease(state.pool, state.track, state.plan.tiers, effective)
         for runtime in runtimes.values():
             runtime.set_admission_until(until)
@@ -474,13 +475,13 @@ class LeaseKeeper:
             self.metrics.age.set(max(0.0, now - self._last_ok))
         self.metrics.members.set(self._members)
 
-    def _tenant_shares(self, state: _Plan, lease: Lease) -> dict[str, int]:
-        if self._mode in (LeaseMode.SHRUNK, LeaseMode.EQUAL):
-            equal = equal_split(state.plan, self._members).tenants
-            if self._mode is LeaseMode.EQUAL:
-                return dict(equal)
-            return {t: min(v, lease.tenants.get(t, v)) for t, v in equal.items()}
-        return dict(lease.tenants)
+    def _tenant_shares(self, state: _Plan) -> dict[str, int]:
+        return outage_tenant_shares(
+            self._mode,
+            state.lease.tenants,
+            equal_split(state.plan, self._members).tenants,
+            failing=self._failing_since is not None,
+        )
 
     @staticmethod
     def _track_views(pool: CompiledPool) -> dict[str, CompiledPool]:

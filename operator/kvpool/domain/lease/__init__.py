@@ -27,6 +27,7 @@ from kvpool.domain.lease.fallback import (
     LeaseMode,
     decide_lease_mode,
     equal_split,
+    outage_tenant_shares,
     shrunk,
 )
 from kvpool.domain.lease.grant import Grant, decide_grant
@@ -54,6 +55,7 @@ __all__ = [
     "equal_split",
     "fill",
     "fill_whole",
+    "outage_tenant_shares",
     "plan_leases",
     "shrunk",
     "spread",

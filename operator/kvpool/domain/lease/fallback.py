@@ -29,6 +29,15 @@ fresh lease there are two very different situations, told apart by whether renew
   plan. A replica that never had a lease (it started while Redis was down) knows no
   membership and admits nothing (``NONE``; its readiness says why).
 
+A tenant's ``maxConcurrency`` is the one exception to "the last lease while valid": a
+limited tenant is leased only where it has requests, so a tenant idle on this replica
+when Redis goes away would start nothing here until the lease runs out (``lease_ttl``,
+2.5 s by default: longer than an interactive tier's queue wait). While renewals fail, a
+tenant this replica does not hold gets its equal part at once, as in ``SHRUNK``
+(:func:`outage_tenant_shares`). That bounds one tenant's concurrency, not capacity: it may
+be exceeded by at most those equal parts (at most the limit again) until the equal split
+settles; the plan's tokens and slots stay fail-static.
+
 The cost, said plainly: while Redis is down, capacity no longer follows demand (skewed
 ingress gets the equal split), and a replica cut off from Redis *alone* (a partition, not
 an outage) keeps its equal part while the others, after its claims expire in Redis, are
@@ -38,6 +47,7 @@ until the partition heals.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,3 +148,30 @@ def shrunk(last: Lease, equal: Lease) -> Lease:
         loans={},
         tenants={t: min(v, equal.tenants.get(t, 0)) for t, v in last.tenants.items()},
     )
+
+
+def outage_tenant_shares(
+    mode: LeaseMode, leased: Mapping[str, int], equal: Mapping[str, int], *, failing: bool
+) -> dict[str, int]:
+    """This replica's part of each limited tenant's ``maxConcurrency`` in ``mode``:
+    ``leased`` is its last lease's part (tenants it holds), ``equal`` the equal split of
+    every limited tenant, ``failing`` whether renewals fail (Redis unreachable).
+
+    >>> outage_tenant_shares(LeaseMode.LEASED, {"a": 6}, {"a": 2, "b": 2}, failing=False)
+    {'a': 6}
+    >>> outage_tenant_shares(LeaseMode.LEASED, {"a": 6}, {"a": 2, "b": 2}, failing=True)
+    {'a': 6, 'b': 2}
+    >>> outage_tenant_shares(LeaseMode.SHRUNK, {"a": 6}, {"a": 2, "b": 2}, failing=True)
+    {'a': 2, 'b': 2}
+    >>> outage_tenant_shares(LeaseMode.EXPIRED, {"a": 6}, {"a": 2}, failing=False)
+    {}
+    """
+    if mode is LeaseMode.LEASED and not failing:
+        return dict(leased)
+    if mode is LeaseMode.LEASED:
+        return {**equal, **leased}
+    if mode is LeaseMode.SHRUNK:
+        return {t: min(part, leased.get(t, part)) for t, part in equal.items()}
+    if mode is LeaseMode.EQUAL:
+        return dict(equal)
+    return {}
