@@ -24,6 +24,9 @@ goes where the requests are whatever the balancer does. :class:`LeaseKeeper` is 
   up, it publishes a nudge; the others renew at once, so capacity moves in a few Redis
   round trips rather than a few periods.
 
+The steps that only compute (a plan's demand report, the lease wished for, the leased pool
+view) are in :mod:`kvpool.gateway.lease_plans`.
+
 Membership follows the renewals (the script counts the live members), so nobody sets N:
 the engine poll period and, while Redis is down, the equal split use the live count.
 """
@@ -37,7 +40,6 @@ import os
 import random
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
 from kvpool.api.admission_config import (
@@ -45,7 +47,6 @@ from kvpool.api.admission_config import (
     CompiledPool,
     CompiledTenant,
     CompiledTier,
-    TrackPlan,
 )
 from kvpool.domain.admission import AdmissionSnapshot
 from kvpool.domain.admission.amount import ZERO, Amount
@@ -53,20 +54,17 @@ from kvpool.domain.lease import (
     Lease,
     LeaseClock,
     LeaseMode,
-    LeasePlan,
     Report,
     apply_lease,
     build_lease_plan,
     decide_lease_mode,
     equal_split,
     outage_tenant_shares,
-    plan_leases,
     shrunk,
 )
-from kvpool.domain.lease.model import held_components, report_of, shrink_to, smaller_somewhere
-from kvpool.domain.lease.peaks import PeakWindow
-from kvpool.domain.routing import CANARY, STABLE, build_track_pool
+from kvpool.domain.lease.model import held_components, shrink_to, smaller_somewhere
 from kvpool.gateway.lease_metrics import LeaseMetrics
+from kvpool.gateway.lease_plans import LeasedPlan, leased_pool, track_views
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pool_runtime import PoolRuntime
 
@@ -85,22 +83,6 @@ def default_member_id() -> str:
     return f"{base}-{random.getrandbits(24):06x}"
 
 
-@dataclass
-class _Plan:
-    """One leased plan: a pool's track."""
-
-    pool: str
-    track: str
-    view: CompiledPool  # the track's whole plan, as compiled
-    plan: LeasePlan  # its leasable components (all limited tenants)
-    lease: Lease = field(default_factory=Lease)
-    table: dict[str, Report] = field(default_factory=dict)  # the others' last reports
-    peaks: PeakWindow = field(default_factory=PeakWindow)
-    tenant_peaks: PeakWindow = field(default_factory=PeakWindow)
-    granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
-    claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
-
-
 class LeaseKeeper:
     """A :class:`~kvpool.gateway.capacity.CapacityShare` by capacity leases (see above)."""
 
@@ -116,7 +98,7 @@ class LeaseKeeper:
         self.member = member or default_member_id()
         self.clock = clock or LeaseClock(redis_timeout=store.timeout)
         self.metrics = LeaseMetrics(metrics)
-        self._plans: dict[tuple[str, str], _Plan] = {}
+        self._plans: dict[tuple[str, str], LeasedPlan] = {}
         self._runtimes: Callable[[], dict[str, PoolRuntime]] = dict
         self._refresh: Callable[[str], None] = lambda _pool: None
         self._applied: dict[tuple[str, str], Lease] = {}  # the effective lease last applied
@@ -151,7 +133,7 @@ class LeaseKeeper:
 
     def pool_view(self, pool: CompiledPool, tiers: Sequence[CompiledTier]) -> CompiledPool:
         """The pool as this replica admits it: each track's plan replaced by its lease."""
-        views = self._track_views(pool)
+        views = track_views(pool)
         for key in [k for k in self._plans if k[0] == pool.name and k[1] not in views]:
             del self._plans[key]
         leased: dict[str, CompiledPool] = {}
@@ -159,31 +141,13 @@ class LeaseKeeper:
             state = self._plans.get((pool.name, track))
             plan = build_lease_plan(view, tiers, self._tenant_limits)
             if state is None:
-                state = self._plans[(pool.name, track)] = _Plan(pool.name, track, view, plan)
+                state = self._plans[(pool.name, track)] = LeasedPlan(pool.name, track, view, plan)
             else:
                 state.view, state.plan = view, plan
             effective = self._effective(state)
             self._applied[(pool.name, track)] = effective
             leased[track] = apply_lease(view, plan, effective)
-        stable = leased.get(STABLE, pool)
-        tracks = []
-        for compiled in pool.tracks:
-            if compiled.name in leased and compiled.name != STABLE and compiled.plan is not None:
-                v = leased[compiled.name]
-                own = TrackPlan(
-                    replicas=v.replicas,
-                    tokens_per_replica=v.tokens_per_replica,
-                    slots_per_replica=v.slots_per_replica,
-                    total_tokens=v.total_tokens,
-                    total_slots=v.total_slots,
-                    shared_tokens=v.shared_tokens,
-                    shared_slots=v.shared_slots,
-                    tiers=dict(v.tiers),
-                )
-                tracks.append(compiled.model_copy(update={"plan": own}))
-                continue
-            tracks.append(compiled)
-        return stable.model_copy(update={"tracks": tracks})
+        return leased_pool(pool, leased)
 
     def tenant_view(self, tenant: CompiledTenant, pool: str) -> CompiledTenant:
         """Unchanged: the leased part of a tenant's limit is set on the controllers."""
@@ -264,7 +228,8 @@ class LeaseKeeper:
             again = [
                 p
                 for p in plans
-                if self._desired(p, self._report(p, now)).components() != asked[(p.pool, p.track)]
+                if p.desired(self.member, self._report(p, now)).components()
+                != asked[(p.pool, p.track)]
             ]
             if again:
                 gave_up_again, _ = await self._call(again, loop)
@@ -275,7 +240,7 @@ class LeaseKeeper:
                 await self.store.nudge(self.member)
 
     def _new_unmet_wish(
-        self, plans: list[_Plan], asked: dict[tuple[str, str], dict[str, int]]
+        self, plans: list[LeasedPlan], asked: dict[tuple[str, str], dict[str, int]]
     ) -> bool:
         """Whether requests wait here for capacity another replica holds, with a wish the
         others have not been nudged about yet (a flood that stays at its fair share
@@ -297,7 +262,7 @@ class LeaseKeeper:
         return True
 
     async def _call(
-        self, plans: list[_Plan], loop: asyncio.AbstractEventLoop
+        self, plans: list[LeasedPlan], loop: asyncio.AbstractEventLoop
     ) -> tuple[bool, dict[tuple[str, str], dict[str, int]]]:
         """One script call for ``plans``: whether this replica gave capacity up, and the
         desired lease it asked for per plan."""
@@ -307,7 +272,7 @@ class LeaseKeeper:
         gave_up = False
         for state in plans:
             report = self._report(state, now)
-            desired = self._desired(state, report)
+            desired = state.desired(self.member, report)
             smaller = shrink_to(state.lease, desired)
             if smaller != state.lease:
                 state.lease, gave_up = smaller, True
@@ -325,7 +290,7 @@ class LeaseKeeper:
                 else ZERO,
                 previous=state.claim,
             )
-            plan = self._plan_for(state, report)
+            plan = state.in_play(report)
             asked[(state.pool, state.track)] = desired.components()
             renewals.append(
                 PlanRenewal(
@@ -362,7 +327,9 @@ class LeaseKeeper:
 
     # -- demand ----------------------------------------------------------------------------
 
-    def _usage(self, state: _Plan) -> tuple[AdmissionSnapshot | None, dict[str, tuple[int, int]]]:
+    def _usage(
+        self, state: LeasedPlan
+    ) -> tuple[AdmissionSnapshot | None, dict[str, tuple[int, int]]]:
         runtime = self._runtimes().get(state.pool)
         controller = runtime.controllers.get(state.track) if runtime is not None else None
         if controller is None:
@@ -371,40 +338,11 @@ class LeaseKeeper:
         tenants = {t: c for t, c in controller.tenant_requests().items() if t in limited}
         return controller.snapshot(), tenants
 
-    def _report(self, state: _Plan, now: float) -> Report:
+    def _report(self, state: LeasedPlan, now: float) -> Report:
         snapshot, tenants = self._usage(state)
-        if snapshot is None:
-            return Report()
-        current = {
-            t.tier: Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
-            for t in snapshot.tiers
-        }
-        peaks = state.peaks.observe(now, {k: v for k, v in current.items() if not v.is_zero})
-        counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
-        tenant_peaks = {t: a.slots for t, a in state.tenant_peaks.observe(now, counts).items()}
-        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks)
+        return state.report(snapshot, tenants, now)
 
-    def _plan_for(self, state: _Plan, report: Report) -> LeasePlan:
-        """The plan with only the tenants someone reports or holds (not every tenant of
-        the config: the renewal carries what is in play)."""
-        names = set(report.tenants) | {t for r in state.table.values() for t in r.tenants}
-        names |= set(state.lease.tenants)
-        tenants = {t: state.plan.tenants[t] for t in names if t in state.plan.tenants}
-        return LeasePlan(
-            tiers=state.plan.tiers,
-            floors=state.plan.floors,
-            lend_percent=state.plan.lend_percent,
-            preempt=state.plan.preempt,
-            shared=state.plan.shared,
-            per_engine=state.plan.per_engine,
-            tenants=tenants,
-        )
-
-    def _desired(self, state: _Plan, report: Report) -> Lease:
-        table = {**state.table, self.member: report}
-        return plan_leases(self._plan_for(state, report), table)[self.member]
-
-    def _waiting(self, plans: list[_Plan]) -> bool:
+    def _waiting(self, plans: list[LeasedPlan]) -> bool:
         for state in plans:
             snapshot, _ = self._usage(state)
             if snapshot is not None and snapshot.queued:
@@ -413,7 +351,7 @@ class LeaseKeeper:
 
     # -- applying --------------------------------------------------------------------------
 
-    def _effective(self, state: _Plan) -> Lease:
+    def _effective(self, state: LeasedPlan) -> Lease:
         """What this replica admits against in the current mode."""
         if self._mode is LeaseMode.LEASED:
             return state.lease
@@ -475,21 +413,13 @@ class LeaseKeeper:
             self.metrics.age.set(max(0.0, now - self._last_ok))
         self.metrics.members.set(self._members)
 
-    def _tenant_shares(self, state: _Plan) -> dict[str, int]:
+    def _tenant_shares(self, state: LeasedPlan) -> dict[str, int]:
         return outage_tenant_shares(
             self._mode,
             state.lease.tenants,
             equal_split(state.plan, self._members).tenants,
             failing=self._failing_since is not None,
         )
-
-    @staticmethod
-    def _track_views(pool: CompiledPool) -> dict[str, CompiledPool]:
-        views = {STABLE: build_track_pool(pool, STABLE) or pool}
-        canary = build_track_pool(pool, CANARY)
-        if canary is not None:
-            views[CANARY] = canary
-        return views
 
 
 _MODE_NOTES = {

@@ -1,0 +1,116 @@
+"""One leased plan (a pool's track) and the steps around it that need no I/O.
+
+Why this module exists: :mod:`kvpool.gateway.leases` runs the renewal protocol (Redis
+calls, modes, nudges). What it renews is per plan, and three steps of it only compute:
+an admission snapshot becomes this replica's demand report, the report becomes the lease
+this replica wishes for (the allocation over every replica's last report), and the
+leases of a pool's tracks become the pool view its runtime admits against. They live
+here so that the keeper reads as the protocol, and each step can be read alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvpool.api.admission_config import CompiledPool, TrackPlan
+from kvpool.domain.admission import AdmissionSnapshot
+from kvpool.domain.admission.amount import Amount
+from kvpool.domain.lease import Lease, LeasePlan, Report, plan_leases
+from kvpool.domain.lease.model import report_of
+from kvpool.domain.lease.peaks import PeakWindow
+from kvpool.domain.routing import CANARY, STABLE, build_track_pool
+
+
+@dataclass
+class LeasedPlan:
+    """One leased plan: a pool's track, what Redis granted and what the others report."""
+
+    pool: str
+    track: str
+    view: CompiledPool  # the track's whole plan, as compiled
+    plan: LeasePlan  # its leasable components (all limited tenants)
+    lease: Lease = field(default_factory=Lease)
+    table: dict[str, Report] = field(default_factory=dict)  # the others' last reports
+    peaks: PeakWindow = field(default_factory=PeakWindow)
+    tenant_peaks: PeakWindow = field(default_factory=PeakWindow)
+    granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
+    claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pool, self.track
+
+    def report(
+        self,
+        snapshot: AdmissionSnapshot | None,
+        tenants: Mapping[str, tuple[int, int]],
+        now: float,
+    ) -> Report:
+        """This replica's demand at ``now``: what each tier holds and waits for (and its
+        recent peak), and the limited tenants' requests (in flight, queued)."""
+        if snapshot is None:
+            return Report()
+        current = {
+            t.tier: Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
+            for t in snapshot.tiers
+        }
+        peaks = self.peaks.observe(now, {k: v for k, v in current.items() if not v.is_zero})
+        counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
+        tenant_peaks = {t: a.slots for t, a in self.tenant_peaks.observe(now, counts).items()}
+        return report_of(snapshot.tiers, peaks, dict(tenants), tenant_peaks)
+
+    def in_play(self, report: Report) -> LeasePlan:
+        """The plan with only the tenants someone reports or holds (not every tenant of
+        the config: the renewal carries what is in play)."""
+        names = set(report.tenants) | {t for r in self.table.values() for t in r.tenants}
+        names |= set(self.lease.tenants)
+        tenants = {t: self.plan.tenants[t] for t in names if t in self.plan.tenants}
+        return LeasePlan(
+            tiers=self.plan.tiers,
+            floors=self.plan.floors,
+            lend_percent=self.plan.lend_percent,
+            preempt=self.plan.preempt,
+            shared=self.plan.shared,
+            per_engine=self.plan.per_engine,
+            tenants=tenants,
+        )
+
+    def desired(self, member: str, report: Report) -> Lease:
+        """The lease ``member`` (this replica, reporting ``report``) wishes for, on the
+        last table of the others' reports."""
+        table = {**self.table, member: report}
+        return plan_leases(self.in_play(report), table)[member]
+
+
+def track_views(pool: CompiledPool) -> dict[str, CompiledPool]:
+    """Each track of ``pool`` with a plan of its own, as a pool (stable always)."""
+    views = {STABLE: build_track_pool(pool, STABLE) or pool}
+    canary = build_track_pool(pool, CANARY)
+    if canary is not None:
+        views[CANARY] = canary
+    return views
+
+
+def leased_pool(pool: CompiledPool, leased: Mapping[str, CompiledPool]) -> CompiledPool:
+    """``pool`` as admitted on leases: the stable track's leased view, with every other
+    leased track's own plan replaced by its leased figures."""
+    stable = leased.get(STABLE, pool)
+    tracks = []
+    for compiled in pool.tracks:
+        if compiled.name in leased and compiled.name != STABLE and compiled.plan is not None:
+            v = leased[compiled.name]
+            own = TrackPlan(
+                replicas=v.replicas,
+                tokens_per_replica=v.tokens_per_replica,
+                slots_per_replica=v.slots_per_replica,
+                total_tokens=v.total_tokens,
+                total_slots=v.total_slots,
+                shared_tokens=v.shared_tokens,
+                shared_slots=v.shared_slots,
+                tiers=dict(v.tiers),
+            )
+            tracks.append(compiled.model_copy(update={"plan": own}))
+            continue
+        tracks.append(compiled)
+    return stable.model_copy(update={"tracks": tracks})
