@@ -96,6 +96,7 @@ QUIET_GAP = 185.0  # ... then at least 3 minutes released
 CONFIGS = ("chat-alone", "fcfs", "priority", "kvpool-1", "router-2", "kvpool-2")
 # --no-target-variant: kvpool-1 with interactive's ttftP95Target removed (no prefill holds)
 NO_TARGET = "kvpool-1-no-target"
+SHARE_BUCKET_SECONDS = 5.0  # the output-share-over-time series (plot_peers.py draws it)
 
 
 def without_ttft_target(policy: dict[str, Any]) -> None:
@@ -105,7 +106,8 @@ def without_ttft_target(policy: dict[str, Any]) -> None:
 
 
 def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
-    return (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
+    every = (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
+    return tuple(c for c in every if not args.configs or c in args.configs)
 
 
 @dataclass
@@ -122,8 +124,23 @@ class Tally:
     gateway_queue: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> le -> n
     gateway_queue_sum: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, float]] = field(default_factory=list)  # every 0.5 s, see sample()
+    # output tokens by tier in SHARE_BUCKET_SECONDS buckets, one list a round
+    timeline: list[list[dict[str, int]]] = field(default_factory=list)
+    started: float = 0.0  # time.monotonic() at the round's start
+
+    def add_output(self, tier: str, tokens: int) -> None:
+        """``tokens`` streamed to a ``tier`` request that just ended (now)."""
+        self.tokens[tier] += tokens
+        if not self.timeline:
+            return
+        bucket = int((time.monotonic() - self.started) // SHARE_BUCKET_SECONDS)
+        rounds = self.timeline[-1]
+        while len(rounds) <= bucket:
+            rounds.append(dict.fromkeys(TIERS, 0))
+        rounds[bucket][tier] += tokens
 
     def merge(self, other: Tally) -> None:
+        self.timeline += other.timeline
         self.ttft_ms += other.ttft_ms
         for tier in TIERS:
             self.tokens[tier] += other.tokens[tier]
@@ -219,7 +236,7 @@ async def _stream(
                     if first is None:
                         first = time.perf_counter()
                     pieces += 1
-            tally.tokens[tier] += pieces
+            tally.add_output(tier, pieces)
     except (aiohttp.ClientError, TimeoutError):
         tally.errors[tier] += 1
         return None, ""
@@ -377,7 +394,15 @@ async def sample(
             point["gw_tokens_in_use"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "in_use")
             point["gw_tokens_total"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "total")
             point["gw_slots_in_use"] = labelled_sum(text, "kvpool_gateway_tier_slots", "in_use")
-            point["gw_queued"] = metric_sums(text).get("kvpool_gateway_queued_requests", 0.0)
+            sums = metric_sums(text)
+            point["gw_queued"] = sums.get("kvpool_gateway_queued_requests", 0.0)
+            ratios = [
+                float(line.rpartition(" ")[2])
+                for line in text.splitlines()
+                if line.startswith("kvpool_gateway_overcommit_ratio{") and 'tier="batch"' in line
+            ]
+            if ratios:
+                point["gw_overcommit_ratio_batch"] = min(ratios)
         tally.samples.append(point)
 
 
@@ -410,6 +435,7 @@ async def run_config(
         )
         started = time.monotonic()
         stop_at = started + seconds
+        tally.started, tally.timeline = started, [[]]
         jobs = [
             chat_sessions(session, base, load, tally, stop_at),
             sample(session, engines, gateway_metrics, tally, stop_at),
@@ -497,6 +523,10 @@ def summarise(tally: Tally, engines: int) -> dict[str, Any]:
                 round(sum(p["running"] for p in waiting) / len(waiting), 2) if waiting else None
             )
     row["chat_ttft_samples_ms"] = [round(v, 2) for v in tally.ttft_ms]
+    row["output_by_tier_over_time"] = {
+        "bucket_seconds": SHARE_BUCKET_SECONDS,
+        "rounds": tally.timeline,
+    }
     return row
 
 
@@ -550,7 +580,7 @@ async def run_all(
         kvpools = [("kvpool-1", ["A"], None), ("kvpool-2", ["A", "B"], None)]
         if NO_TARGET in configs:
             kvpools.append((NO_TARGET, ["A"], without_ttft_target))
-        for name, used, edit in kvpools:
+        for name, used, edit in [k for k in kvpools if k[0] in configs]:
             plan = compile_mix(
                 mix,
                 {POOL: [engines[e].base_url for e in used]},
@@ -567,10 +597,11 @@ async def run_all(
             await asyncio.to_thread(gateway.start)
             gateways[name] = gateway
             bases[name] = (gateway.url, [engines[e] for e in used], gateway.metrics_url)
-        router, router_url = await start_router(
-            [engines["A"].base_url, engines["B"].base_url], workdir
-        )
-        bases["router-2"] = (router_url, [engines["A"], engines["B"]], None)
+        if "router-2" in configs:
+            router, router_url = await start_router(
+                [engines["A"].base_url, engines["B"].base_url], workdir
+            )
+            bases["router-2"] = (router_url, [engines["A"], engines["B"]], None)
         keys = result["keys"]
         tallies = {name: Tally() for name in configs}
         order = list(configs)
@@ -623,16 +654,18 @@ def compare(configs: dict[str, Any]) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else round(a / b, 3)
 
-    alone = configs["chat-alone"]
+    alone = configs.get("chat-alone", {})
     out: dict[str, Any] = {}
     for kv_name, peer_name in (("kvpool-1", "priority"), ("kvpool-2", "router-2")):
+        if kv_name not in configs or peer_name not in configs:  # --configs left one out
+            continue
         kv, peer = configs[kv_name], configs[peer_name]
         upper = (kv["chat_ttft_p95_ci95_ms"] or [None, None])[1]
         output = ratio(kv["total_tokens_per_s"], peer["total_tokens_per_s"])
         out[f"{kv_name}_vs_{peer_name}"] = {
             "output_ratio": output,
             "chat_p95_ms": [kv["chat_ttft_p95_ms"], peer["chat_ttft_p95_ms"]],
-            "chat_p95_over_alone": ratio(kv["chat_ttft_p95_ms"], alone["chat_ttft_p95_ms"]),
+            "chat_p95_over_alone": ratio(kv["chat_ttft_p95_ms"], alone.get("chat_ttft_p95_ms")),
             "preemptions": [kv["preemptions"], peer["preemptions"]],
             "targets": {
                 "output_ge_0_95x_peer": output is not None and output >= 0.95,
@@ -640,7 +673,7 @@ def compare(configs: dict[str, Any]) -> dict[str, Any]:
                 <= (peer["chat_ttft_p95_ms"] or 0),
                 "chat_p95_ci_upper_le_peer_and_1_5x_alone": upper is not None
                 and upper <= (peer["chat_ttft_p95_ms"] or 0)
-                and upper <= 1.5 * (alone["chat_ttft_p95_ms"] or 0),
+                and upper <= 1.5 * (alone.get("chat_ttft_p95_ms") or 0),
                 "eval_ge_5pct": (kv["eval_share"] or 0) >= 0.05,
                 "batch_ge_30pct": (kv["batch_share"] or 0) >= 0.30,
                 "preemptions_le_10pct_peer": kv["preemptions"] <= 0.1 * peer["preemptions"],
@@ -728,7 +761,7 @@ def print_markdown(configs: dict[str, Any]) -> None:
         )
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke: 2 rounds x 12 s")
     parser.add_argument("--mix", choices=sorted(MIXES), default="examples")
@@ -738,6 +771,17 @@ def main() -> int:
     parser.add_argument("--batch-workers", type=int, default=12, help="an engine")
     parser.add_argument("--eval-workers", type=int, default=3, help="an engine")
     parser.add_argument("--seed", type=int, default=19)
+    parser.add_argument(
+        "--output", type=Path, default=None, help="results file (peers-<mix>[-quick].json)"
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=(*CONFIGS, NO_TARGET),
+        default=None,
+        help="run only these configs (a kvpool config needs at least one key source: "
+        "kvpool-1 or kvpool-2); the comparison covers the pairs present",
+    )
     parser.add_argument(
         "--no-target-variant",
         action="store_true",
@@ -759,10 +803,15 @@ def main() -> int:
     args.rounds = args.rounds or (2 if args.quick else 4)
     args.seconds = args.seconds or (12.0 if args.quick else 60.0)
     args.quiet = args.quiet and QUIET.parent.is_dir()
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     load_before = os.getloadavg()
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-peers-"))
     suffix = "-quick" if args.quick else ""
-    path = REPO / "bench" / "results" / f"peers-{args.mix}{suffix}.json"
+    path = args.output or REPO / "bench" / "results" / f"peers-{args.mix}{suffix}.json"
 
     def document(measured: dict[str, Any]) -> dict[str, Any]:
         configs = measured["configs"]

@@ -1,13 +1,16 @@
-"""Draw the peers run: the CDF of chat TTFT per config, from a peers results file.
+"""Draw the peers run: the CDF of chat TTFT per config, and each config's output share by
+tier over the seconds of a round, from a peers results file.
 
-Why this script exists: a percentile table hides the shape of a tail; the CDF shows where
-each config's slow chats start. It reads what bench/peers.py wrote (every chat TTFT
-sample) and measures nothing itself.
+Why this script exists: a percentile table hides the shape of a tail, and a share over a
+whole run hides a tier starved for a while and served later; the CDF shows where each
+config's slow chats start, the share over time whether a tier ever goes without. It reads
+what bench/peers.py wrote (every chat TTFT sample, output tokens by tier in 5 s buckets)
+and measures nothing itself.
 
     .venv/bin/python bench/plot_peers.py [bench/results/peers-examples.json]
 
-Writes the PNG next to the results file (``peers-examples-ttft-cdf.png``); needs
-matplotlib (in the dev venv).
+Writes the PNGs next to the results file (``peers-examples-ttft-cdf.png``,
+``peers-examples-share-over-time.png``); needs matplotlib (in the dev venv).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "peers-examples.json"
 
@@ -24,6 +28,52 @@ def cdf(samples: list[float]) -> tuple[list[float], list[float]]:
     ordered = sorted(samples)
     count = len(ordered)
     return ordered, [(i + 1) / count for i in range(count)]
+
+
+TIERS = ("interactive", "batch", "eval")
+
+
+def shares_over_time(series: dict[str, Any]) -> tuple[list[float], dict[str, list[float]]]:
+    """Bucket start times (s) and each tier's share of the output in that bucket, summed
+    over the rounds (buckets a round did not reach are left out of that round)."""
+    rounds = series.get("rounds") or []
+    width = float(series.get("bucket_seconds") or 5.0)
+    count = max((len(r) for r in rounds), default=0)
+    times, shares = [], {t: [] for t in TIERS}
+    for i in range(count):
+        sums = {t: sum(r[i].get(t, 0) for r in rounds if i < len(r)) for t in TIERS}
+        total = sum(sums.values())
+        if not total:
+            continue
+        times.append(i * width)
+        for tier in TIERS:
+            shares[tier].append(sums[tier] / total)
+    return times, shares
+
+
+def draw_shares(plt: Any, document: dict[str, Any], out: Path) -> bool:
+    drawn = {
+        name: shares_over_time(config["output_by_tier_over_time"])
+        for name, config in document["configs"].items()
+        if config.get("output_by_tier_over_time") and name != "chat-alone"
+    }
+    drawn = {name: series for name, series in drawn.items() if series[0]}
+    if not drawn:
+        return False
+    figure, axes = plt.subplots(len(drawn), 1, figsize=(8, 1.7 * len(drawn)), sharex=True)
+    for ax, (name, (times, shares)) in zip(
+        [axes] if len(drawn) == 1 else axes, drawn.items(), strict=True
+    ):
+        ax.stackplot(times, *(shares[t] for t in TIERS), labels=TIERS, step="post")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(name, fontsize=8)
+        ax.grid(True, alpha=0.3)
+    (axes if len(drawn) == 1 else axes[0]).legend(loc="upper right", fontsize=7, ncol=3)
+    (axes if len(drawn) == 1 else axes[-1]).set_xlabel("seconds into a round")
+    figure.suptitle("output share by tier over a round (all rounds summed)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    return True
 
 
 def main() -> int:
@@ -63,6 +113,11 @@ def main() -> int:
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     print(f"wrote {out}")
+    shares = args.results.with_name(args.results.stem + "-share-over-time.png")
+    if draw_shares(plt, document, shares):
+        print(f"wrote {shares}")
+    else:
+        print("no output-by-tier series in the results (an older peers run): no share plot")
     return 0
 
 
