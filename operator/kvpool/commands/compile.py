@@ -31,6 +31,7 @@ from kvpool.adapters.offline_compile import (
     parse_endpoint_flags,
     parse_key_file_flags,
 )
+from kvpool.adapters.offline_flags import add_engine_and_key_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,21 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="manifest file or directory (repeatable; other kinds are skipped)",
     )
-    parser.add_argument(
-        "--endpoints",
-        action="append",
-        default=[],
-        metavar="POOL=URL[,URL]",
-        help="the engines of a ModelPool (repeatable; default: its kvpool.dev/static-endpoints)",
-    )
-    parser.add_argument(
-        "--key-file",
-        dest="key_files",
-        action="append",
-        default=[],
-        metavar="SECRET/KEY=PATH",
-        help="a tenant key's file, for a Secret that is not in the manifests (repeatable)",
-    )
+    add_engine_and_key_flags(parser)
     parser.add_argument("-n", "--namespace", default=None, help="the namespace to compile")
     parser.add_argument(
         "--kv-tokens-per-replica",

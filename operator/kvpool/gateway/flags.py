@@ -12,6 +12,7 @@ import argparse
 import os
 
 from kvpool.adapters.budget.redis import DEFAULT_TIMEOUT
+from kvpool.adapters.offline_flags import add_engine_and_key_flags
 
 REDIS_URL_ENV = "KVPOOL_REDIS_URL"  # the chart sets it from gateway.redis.existingSecret
 
@@ -104,21 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "would, at start and whenever one changes: no operator, no cluster",
     )
     manifests = parser.add_argument_group("with -f (see kvpool compile)")
-    manifests.add_argument(
-        "--endpoints",
-        action="append",
-        default=[],
-        metavar="POOL=URL[,URL]",
-        help="the engines of a ModelPool (repeatable; default: its kvpool.dev/static-endpoints)",
-    )
-    manifests.add_argument(
-        "--key-file",
-        dest="key_files",
-        action="append",
-        default=[],
-        metavar="SECRET/KEY=PATH",
-        help="a tenant key's file, for a Secret that is not in the manifests (repeatable)",
-    )
+    add_engine_and_key_flags(manifests)
     manifests.add_argument("--namespace", default=None, help="the namespace to serve")
     manifests.add_argument(
         "--kv-tokens-per-replica",
