@@ -23,10 +23,10 @@ from kvpool.domain.lease import (
     equal_split,
     fill,
     fill_whole,
-    outage_tenant_shares,
     plan_leases,
     shrunk,
     spread,
+    tenant_shares_in_mode,
 )
 from tests.builders.compiled import CompiledPoolBuilder, compiled_tier
 
@@ -384,7 +384,7 @@ def test_the_equal_split_and_the_shrunk_lease_never_exceed_the_plan() -> None:
 
 
 HELD = {"chat": 150}  # this replica's lease: chat busy here, bulk idle here
-EQUAL = {"chat": 100, "bulk": 32}  # two replicas: half of each limit
+LIMITS = {"chat": 200, "bulk": 64}  # two replicas: equal parts 100 and 32
 
 
 @pytest.mark.parametrize(
@@ -402,7 +402,7 @@ EQUAL = {"chat": 100, "bulk": 32}  # two replicas: half of each limit
 def test_a_tenant_idle_here_when_redis_goes_is_served_at_once(
     mode: LeaseMode, failing: bool, shares: dict[str, int]
 ) -> None:
-    assert outage_tenant_shares(mode, HELD, EQUAL, failing=failing) == shares
+    assert tenant_shares_in_mode(mode, HELD, LIMITS, 2, failing=failing) == shares
 
 
 # -- a lease as a pool view --------------------------------------------------------------

@@ -58,7 +58,7 @@ class LeasedPlan:
         peaks = self.peaks.observe(now, {k: v for k, v in current.items() if not v.is_zero})
         counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
         tenant_peaks = {t: a.slots for t, a in self.tenant_peaks.observe(now, counts).items()}
-        return report_of(snapshot.tiers, peaks, dict(tenants), tenant_peaks)
+        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks)
 
     def in_play(self, report: Report) -> LeasePlan:
         """The plan with only the tenants someone reports or holds (not every tenant of

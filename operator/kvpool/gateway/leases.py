@@ -59,8 +59,8 @@ from kvpool.domain.lease import (
     build_lease_plan,
     decide_lease_mode,
     equal_split,
-    outage_tenant_shares,
     shrunk,
+    tenant_shares_in_mode,
 )
 from kvpool.domain.lease.model import held_components, shrink_to, smaller_somewhere
 from kvpool.gateway.lease_metrics import LeaseMetrics
@@ -228,8 +228,7 @@ class LeaseKeeper:
             again = [
                 p
                 for p in plans
-                if p.desired(self.member, self._report(p, now)).components()
-                != asked[(p.pool, p.track)]
+                if p.desired(self.member, self._report(p, now)).components() != asked[p.key]
             ]
             if again:
                 gave_up_again, _ = await self._call(again, loop)
@@ -291,7 +290,7 @@ class LeaseKeeper:
                 previous=state.claim,
             )
             plan = state.in_play(report)
-            asked[(state.pool, state.track)] = desired.components()
+            asked[state.key] = desired.components()
             renewals.append(
                 PlanRenewal(
                     state.pool, state.track, plan.groups(), desired.components(), held, report
@@ -414,10 +413,11 @@ class LeaseKeeper:
         self.metrics.members.set(self._members)
 
     def _tenant_shares(self, state: LeasedPlan) -> dict[str, int]:
-        return outage_tenant_shares(
+        return tenant_shares_in_mode(
             self._mode,
             state.lease.tenants,
-            equal_split(state.plan, self._members).tenants,
+            state.plan.tenants,
+            self._members,
             failing=self._failing_since is not None,
         )
 

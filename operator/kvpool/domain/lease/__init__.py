@@ -27,8 +27,9 @@ from kvpool.domain.lease.fallback import (
     LeaseMode,
     decide_lease_mode,
     equal_split,
-    outage_tenant_shares,
+    equal_tenant_parts,
     shrunk,
+    tenant_shares_in_mode,
 )
 from kvpool.domain.lease.grant import Grant, decide_grant
 from kvpool.domain.lease.model import (
@@ -53,10 +54,11 @@ __all__ = [
     "decide_grant",
     "decide_lease_mode",
     "equal_split",
+    "equal_tenant_parts",
     "fill",
     "fill_whole",
-    "outage_tenant_shares",
     "plan_leases",
     "shrunk",
     "spread",
+    "tenant_shares_in_mode",
 ]

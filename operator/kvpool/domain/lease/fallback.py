@@ -34,7 +34,7 @@ limited tenant is leased only where it has requests, so a tenant idle on this re
 when Redis goes away would start nothing here until the lease runs out (``lease_ttl``,
 2.5 s by default: longer than an interactive tier's queue wait). While renewals fail, a
 tenant this replica does not hold gets its equal part at once, as in ``SHRUNK``
-(:func:`outage_tenant_shares`). That bounds one tenant's concurrency, not capacity: it may
+(:func:`tenant_shares_in_mode`). That bounds one tenant's concurrency, not capacity: it may
 be exceeded by at most those equal parts (at most the limit again) until the equal split
 settles; the plan's tokens and slots stay fail-static.
 
@@ -136,8 +136,19 @@ def equal_split(plan: LeasePlan, members: int) -> Lease:
         floors={t: part(plan.floors[t]) for t in plan.tiers},
         shared=part(plan.shared),
         loans={},
-        tenants={t: max(1, limit // n) for t, limit in plan.tenants.items()},
+        tenants=equal_tenant_parts(plan.tenants, n),
     )
+
+
+def equal_tenant_parts(limits: Mapping[str, int], members: int) -> dict[str, int]:
+    """Each tenant's ``maxConcurrency`` in ``members`` equal parts, at least one request
+    each (so a tenant with a limit below the number of replicas is served through each).
+
+    >>> equal_tenant_parts({"t": 3, "u": 1}, 2)
+    {'t': 1, 'u': 1}
+    """
+    n = max(1, members)
+    return {t: max(1, limit // n) for t, limit in limits.items()}
 
 
 def shrunk(last: Lease, equal: Lease) -> Lease:
@@ -150,28 +161,36 @@ def shrunk(last: Lease, equal: Lease) -> Lease:
     )
 
 
-def outage_tenant_shares(
-    mode: LeaseMode, leased: Mapping[str, int], equal: Mapping[str, int], *, failing: bool
+def tenant_shares_in_mode(
+    mode: LeaseMode,
+    leased: Mapping[str, int],
+    limits: Mapping[str, int],
+    members: int,
+    *,
+    failing: bool,
 ) -> dict[str, int]:
     """This replica's part of each limited tenant's ``maxConcurrency`` in ``mode``:
-    ``leased`` is its last lease's part (tenants it holds), ``equal`` the equal split of
-    every limited tenant, ``failing`` whether renewals fail (Redis unreachable).
+    ``leased`` is its last lease's part (tenants it holds), ``limits`` every limited
+    tenant's whole limit, ``members`` the last known membership, ``failing`` whether
+    renewals fail (Redis unreachable). The equal split is computed only when it is used.
 
-    >>> outage_tenant_shares(LeaseMode.LEASED, {"a": 6}, {"a": 2, "b": 2}, failing=False)
-    {'a': 6}
-    >>> outage_tenant_shares(LeaseMode.LEASED, {"a": 6}, {"a": 2, "b": 2}, failing=True)
-    {'a': 6, 'b': 2}
-    >>> outage_tenant_shares(LeaseMode.SHRUNK, {"a": 6}, {"a": 2, "b": 2}, failing=True)
+    >>> limits = {"a": 4, "b": 4}
+    >>> tenant_shares_in_mode(LeaseMode.LEASED, {"a": 3}, limits, 2, failing=False)
+    {'a': 3}
+    >>> tenant_shares_in_mode(LeaseMode.LEASED, {"a": 3}, limits, 2, failing=True)
+    {'a': 3, 'b': 2}
+    >>> tenant_shares_in_mode(LeaseMode.SHRUNK, {"a": 3}, limits, 2, failing=True)
     {'a': 2, 'b': 2}
-    >>> outage_tenant_shares(LeaseMode.EXPIRED, {"a": 6}, {"a": 2}, failing=False)
+    >>> tenant_shares_in_mode(LeaseMode.EXPIRED, {"a": 3}, limits, 2, failing=False)
     {}
     """
     if mode is LeaseMode.LEASED and not failing:
         return dict(leased)
+    if mode in (LeaseMode.EXPIRED, LeaseMode.NONE):
+        return {}
+    equal = equal_tenant_parts(limits, members)
     if mode is LeaseMode.LEASED:
         return {**equal, **leased}
     if mode is LeaseMode.SHRUNK:
         return {t: min(part, leased.get(t, part)) for t, part in equal.items()}
-    if mode is LeaseMode.EQUAL:
-        return dict(equal)
-    return {}
+    return equal
