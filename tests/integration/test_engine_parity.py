@@ -275,16 +275,19 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
         f"{IDLE_POLLS} polls of the idle engine",
     )
     quiet = _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
-    async with aiohttp.ClientSession() as session:  # a direct load keeps the engine busy
+    async with aiohttp.ClientSession() as session:  # a direct load keeps the engine busy:
+        # four different prompts (one shared prompt is one set of cached blocks, and the
+        # usage stayed under the busy mark until near the end), 9 blocks each at prefill
+        # (56 % of 64) and 13 at the end (81 %: no preemption to undo the creep)
         load = [
             asyncio.create_task(
                 _post(
                     session,
                     tiny_engine.base_url + "/v1/completions",
-                    _completion(_ids(250), max_tokens=250, ignore_eos=True),
+                    _completion(_ids(280, start=10 + 37 * k), max_tokens=120, ignore_eos=True),
                 )
             )
-            for _ in range(4)
+            for k in range(4)
         ]
         await wait_until_async(  # each busy poll without preemptions lets the ratio creep
             lambda: (
