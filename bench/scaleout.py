@@ -589,6 +589,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     names = [n for n in SCENARIOS if n in args.scenarios]
     tallies = {n: Tally() for n in names}
     try:
+        if args.warmup > 0:  # a cold engine's first seconds are no scenario's figure
+            print(f"warm-up: {args.warmup:.0f} s on one replica, not measured", flush=True)
+            warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
+            await run_round(SCENARIOS["one"], plan, engine, redis, warm, Tally(), workdir, 0)
         order = list(names)
         shuffle = random.Random(args.seed)
         for round_index in range(args.rounds):
@@ -657,6 +661,9 @@ def main() -> int:
     parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
     parser.add_argument("--no-faults", dest="faults", action="store_false")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--warmup", type=float, default=10.0, help="seconds of unmeasured load first (0: none)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
