@@ -5,6 +5,7 @@ that come back as they were sent."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +18,7 @@ from kvpool.adapters.lease.store import (
     PlanRenewal,
     RedisLeaseStore,
     decode_report,
+    encode_report,
 )
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Report, TierDemand, decide_grant
@@ -163,3 +165,24 @@ def test_a_report_of_a_replica_of_before_reads_without_its_head_request() -> Non
     old = {"t": {"a": [120, 1, 400, 3]}, "n": {}}
     assert decode_report(old) == Report({"a": TierDemand(Amount(120, 1), Amount(400, 3))})
     assert decode_report({"t": {"a": [1, 2, 3]}}) == Report()  # malformed: no demand
+
+
+@pytest.mark.parametrize(
+    "demand",
+    [
+        TierDemand(Amount(900, 3), Amount(900, 3), head_tokens=300, held=Amount(600, 2)),
+        TierDemand(Amount(300, 1), Amount(300, 1), head_tokens=300),
+        TierDemand(Amount(600, 2), Amount(600, 2), held=Amount(600, 2)),  # nothing waits
+        TierDemand(Amount(0, 0), Amount(400, 3)),
+    ],
+)
+def test_a_report_reads_back_as_it_was_written(demand: TierDemand) -> None:
+    report = Report({"batch": demand}, {"acme": (2, 3)})
+    assert decode_report(json.loads(json.dumps(encode_report(report)))) == report
+
+
+def test_a_report_of_a_replica_of_before_reads_without_what_is_in_flight() -> None:
+    # replicas before the in-flight figures report five (the head request's tokens)
+    assert decode_report({"t": {"a": [120, 1, 400, 3, 90]}}) == Report(
+        {"a": TierDemand(Amount(120, 1), Amount(400, 3), head_tokens=90)}
+    )

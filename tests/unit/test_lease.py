@@ -252,6 +252,48 @@ ALLOCATION_CASES = [
         },
         loans={"a": {}, "b": {"batch": A(300, 2)}},
     ),
+    AllocationCase(
+        id="requests-in-flight-keep-what-they-reserve-before-a-queue-elsewhere-starts",
+        plan=LeasePlan(
+            tiers=("batch",),
+            floors={"batch": ZERO},
+            lend_percent={"batch": 0},
+            preempt=frozenset(),
+            shared=A(600, 4),
+            per_engine=A(600, 4),
+        ),
+        reports={  # a runs two requests of 300 and queues one; b queues one
+            "a": Report(
+                {"batch": TierDemand(A(900, 3), A(900, 3), head_tokens=300, held=A(600, 2))}
+            ),
+            "b": Report({"batch": TierDemand(A(300, 1), A(300, 1), head_tokens=300)}),
+        },
+        floors={"a": {"batch": ZERO}, "b": {"batch": ZERO}},
+        # fewest-held first alone gave each 300 tokens: a's lease below its running
+        # requests, and b a wish the grant could not meet until one of them ended (as on
+        # one replica, no queued request fits; the next free 300 go to b, fewest-held)
+        shared={"a": A(600, 3), "b": A(0, 1)},
+    ),
+    AllocationCase(
+        id="when-one-of-them-ends-the-queue-holding-fewest-is-served",
+        plan=LeasePlan(
+            tiers=("batch",),
+            floors={"batch": ZERO},
+            lend_percent={"batch": 0},
+            preempt=frozenset(),
+            shared=A(600, 4),
+            per_engine=A(600, 4),
+        ),
+        reports={
+            "a": Report(
+                {"batch": TierDemand(A(600, 2), A(900, 3), head_tokens=300, held=A(300, 1))}
+            ),
+            "b": Report({"batch": TierDemand(A(300, 1), A(300, 1), head_tokens=300)}),
+        },
+        floors={"a": {"batch": ZERO}, "b": {"batch": ZERO}},
+        # (slots: both queues fit; the slot no one waits for is slack, to a by name)
+        shared={"a": A(300, 3), "b": A(300, 1)},
+    ),
 ]
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from kvpool.domain.admission.amount import Amount
+from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.lease import Report, TierDemand
 
 KEY_PREFIX = "kvpool:lease"
@@ -78,7 +78,13 @@ def encode_report(report: Report) -> dict[str, Any]:
     return {
         "t": {
             tier: [d.now.tokens, d.now.slots, d.peak.tokens, d.peak.slots]
-            + ([d.head_tokens] if d.head_tokens else [])
+            + (
+                [d.head_tokens, d.held.tokens, d.held.slots]
+                if not d.held.is_zero
+                else [d.head_tokens]
+                if d.head_tokens
+                else []
+            )
             for tier, d in report.tiers.items()
         },
         "n": {tenant: [now, peak] for tenant, (now, peak) in report.tenants.items()},
@@ -92,10 +98,14 @@ def decode_report(data: Any) -> Report:
     tiers: dict[str, TierDemand] = {}
     raw_tiers = data.get("t")
     for tier, v in raw_tiers.items() if isinstance(raw_tiers, dict) else []:
-        # 4 figures, or 5 with the head request's tokens (a replica of before reports 4)
-        if isinstance(v, list) and len(v) in (4, 5) and all(isinstance(x, int) for x in v):
-            head = v[4] if len(v) == 5 else 0
-            tiers[tier] = TierDemand(Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head)
+        # now and peak (4 figures), then the head request's tokens, then what is in flight
+        # (tokens, slots); replicas of before report 4 or 5
+        if isinstance(v, list) and len(v) in (4, 5, 7) and all(isinstance(x, int) for x in v):
+            head = v[4] if len(v) > 4 else 0
+            held = Amount(v[5], v[6]) if len(v) == 7 else ZERO
+            tiers[tier] = TierDemand(
+                Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head, held=held
+            )
     tenants: dict[str, tuple[int, int]] = {}
     raw_tenants = data.get("n")
     for tenant, v in raw_tenants.items() if isinstance(raw_tenants, dict) else []:

@@ -10,7 +10,7 @@ from an older table can still never take what another one holds.
 
 The allocation, per dimension (KV tokens and slots, independently), with ``peak`` a
 replica's largest demand of the last few seconds and ``now`` its demand at the report
-(reserved plus queued):
+(reserved plus queued), of which ``held`` is reserved by requests in flight:
 
 1. **Floors where their tier is.** A tier's floor is split max-min fair (:func:`fill`)
    over the replicas' ``peak`` demand of that tier. What the demand does not need goes in
@@ -19,7 +19,9 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    where the borrowers are (by total demand), where its lendable part is of use.
 2. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
    first by the idle lendable floors it holds itself (as one replica would lend them).
-3. **The shared remainder by priority**, max-min fair across replicas within a tier.
+3. **The shared remainder by priority**: within a tier, first what requests in flight
+   reserve and the floors do not cover (the grant never takes that from them, so a lease
+   below it only strands a piece elsewhere), then the queues max-min fair across replicas.
 4. **Loans of idle floors.** What still waits borrows the idle lendable floors held by
    *other* replicas, lowest-priority lenders first: a ``Wait`` tier's floor moves to the
    borrower (and comes back as its borrowers finish), a ``Preempt`` tier's is booked on
@@ -172,15 +174,18 @@ class _Dimension:
         self.members = sorted(reports)
         self.now: dict[str, dict[str, int]] = {}
         self.peak: dict[str, dict[str, int]] = {}
+        self.held: dict[str, dict[str, int]] = {}
         for m in self.members:
             tiers = reports[m].tiers
             now: dict[str, int] = {}
             peak: dict[str, int] = {}
-            self.now[m], self.peak[m] = now, peak
+            held: dict[str, int] = {}
+            self.now[m], self.peak[m], self.held[m] = now, peak, held
             for t in plan.tiers:
                 d = tiers.get(t)
                 now[t] = _dim(d.now, dim) if d is not None else 0
                 peak[t] = max(now[t], _dim(d.peak, dim)) if d is not None else 0
+                held[t] = min(now[t], _dim(d.held, dim)) if d is not None else 0
         self.active = [m for m in self.members if reports[m].active]
         # a tier's tokens are split in whole requests of its largest next request, and its
         # slots in the same order (so a replica's tokens and slots fit the same requests)
@@ -199,11 +204,8 @@ class _Dimension:
         need, idle = self._borrow_at_home()
         left = _dim(self.plan.shared, self.dim)
         for tier in self.plan.tiers:
-            given = fill_whole(
-                left,
-                {m: need[m][tier] for m in self.members},
-                self.unit[tier],
-                self._covered(need, tier),
+            given = self._in_flight_first(
+                left, {m: need[m][tier] for m in self.members}, need, tier
             )
             for member, amount in given.items():
                 self.shared[member] += amount
@@ -216,6 +218,24 @@ class _Dimension:
     def _covered(self, need: dict[str, dict[str, int]], tier: str) -> dict[str, int]:
         """Per member, how much of the tier's demand the allocation meets so far."""
         return {m: self.now[m][tier] - need[m][tier] for m in self.members}
+
+    def _in_flight_first(
+        self, capacity: int, wants: Mapping[str, int], need: dict[str, dict[str, int]], tier: str
+    ) -> dict[str, int]:
+        """Split ``capacity`` over ``wants`` of ``tier``: first what the members' requests in
+        flight already reserve and the allocation does not cover yet (max-min fair), then
+        the queues in whole requests (:func:`fill_whole`, fewest-held first). A replica's
+        running requests keep what they reserve whatever the lease says (the grant cannot
+        give it to another until they finish), so a lease below them only leaves the
+        other replica a wish it cannot be granted, and the part it is granted too small
+        for its next request: capacity idle on both."""
+        covered = self._covered(need, tier)
+        running = {m: min(w, max(0, self.held[m][tier] - covered[m])) for m, w in wants.items()}
+        first = fill(capacity, running)
+        rest = {m: wants[m] - first[m] for m in wants}
+        so_far = {m: covered[m] + first[m] for m in wants}
+        then = fill_whole(capacity - sum(first.values()), rest, self.unit[tier], so_far)
+        return {m: first[m] + then[m] for m in wants}
 
     def _place_floor(self, tier: str) -> None:
         floor = _dim(self.plan.floors[tier], self.dim)
@@ -274,8 +294,7 @@ class _Dimension:
                     for m in self.members
                     if need[m][tier] > 0
                 }
-                covered = self._covered(need, tier)
-                for member, amount in fill_whole(pool, wants, self.unit[tier], covered).items():
+                for member, amount in self._in_flight_first(pool, wants, need, tier).items():
                     booked = self._take_idle(idle, lender, amount, borrower=member)
                     if booked <= 0:
                         continue

@@ -103,6 +103,7 @@ class TierDemand:
     now: Amount = ZERO  # reserved by its requests in flight plus what its queue waits for
     peak: Amount = ZERO  # the largest ``now`` of the last few seconds (where it arrives)
     head_tokens: int = 0  # what the tier's next request here reserves (0: none waits)
+    held: Amount = ZERO  # of ``now``, what its requests in flight reserve (the rest waits)
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,8 @@ def report_of(
         now = Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
         peak = now.max(peaks.get(t.tier, ZERO))
         if not now.is_zero or not peak.is_zero:
-            out[t.tier] = TierDemand(now=now, peak=peak, head_tokens=t.head_tokens)
+            held = Amount(t.in_use_tokens, t.in_use_slots)
+            out[t.tier] = TierDemand(now=now, peak=peak, head_tokens=t.head_tokens, held=held)
     counts = {
         name: (inflight + queued, max(inflight + queued, tenant_peaks.get(name, 0)))
         for name, (inflight, queued) in tenants.items()
