@@ -294,6 +294,29 @@ ALLOCATION_CASES = [
         # (slots: both queues fit; the slot no one waits for is slack, to a by name)
         shared={"a": A(300, 3), "b": A(300, 1)},
     ),
+    AllocationCase(
+        id="a-burst-at-one-replica-takes-the-floor-idle-at-the-others",
+        plan=LeasePlan(
+            tiers=("interactive",),
+            floors={"interactive": A(400, 4)},
+            lend_percent={"interactive": 100},
+            preempt=frozenset({"interactive"}),
+            shared=ZERO,
+            per_engine=A(400, 4),
+        ),
+        reports={  # three chats at a now; b, c and d had one each in the last seconds
+            "a": Report({"interactive": TierDemand(A(300, 3), A(300, 3), head_tokens=100)}),
+            **{m: Report({"interactive": demand(ZERO, A(100, 1))}) for m in "bcd"},
+        },
+        # by the recent peaks alone each got one chat's worth, and two of a's chats waited
+        # while c's and d's parts sat idle; now first, then the peaks with what is left
+        floors={
+            "a": {"interactive": A(300, 3)},
+            "b": {"interactive": A(100, 1)},
+            "c": {"interactive": ZERO},
+            "d": {"interactive": ZERO},
+        },
+    ),
 ]
 
 

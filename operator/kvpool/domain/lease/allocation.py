@@ -13,7 +13,8 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
 (reserved plus queued), of which ``held`` is reserved by requests in flight:
 
 1. **Floors where their tier is.** A tier's floor is split max-min fair (:func:`fill`)
-   over the replicas' ``peak`` demand of that tier. What the demand does not need goes in
+   over the replicas' ``now`` demand of that tier, then what is left over their ``peak``
+   (so a burst at one replica is served by the floor idle at the others, as on one). What the demand does not need goes in
    equal parts to the replicas where the tier is present (``peak > 0``), so a new request
    finds floor at once where that tier arrives; a tier present nowhere has its floor placed
    where the borrowers are (by total demand), where its lendable part is of use.
@@ -240,7 +241,14 @@ class _Dimension:
     def _place_floor(self, tier: str) -> None:
         floor = _dim(self.plan.floors[tier], self.dim)
         peaks = {m: self.peak[m][tier] for m in self.members}
-        placed = fill_whole(floor, peaks, self.unit[tier])
+        # what the tier holds and waits for now first, then its recent peaks: a burst at
+        # one replica is served by the floor idle at the others, as on one replica
+        placed = fill_whole(floor, {m: self.now[m][tier] for m in self.members}, self.unit[tier])
+        recent = {m: max(0, peaks[m] - placed[m]) for m in self.members}
+        for member, extra in fill_whole(
+            floor - sum(placed.values()), recent, self.unit[tier], placed
+        ).items():
+            placed[member] += extra
         left = floor - sum(placed.values())
         if left > 0:
             present = {m: 1 for m in self.members if peaks[m] > 0}
