@@ -14,10 +14,11 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
 
 1. **Floors where their tier is.** A tier's floor is split max-min fair (:func:`fill`)
    over the replicas' ``now`` demand of that tier, then what is left over their ``peak``
-   (so a burst at one replica is served by the floor idle at the others, as on one). What the demand does not need goes in
-   equal parts to the replicas where the tier is present (``peak > 0``), so a new request
-   finds floor at once where that tier arrives; a tier present nowhere has its floor placed
-   where the borrowers are (by total demand), where its lendable part is of use.
+   (so a burst at one replica is served by the floor idle at the others, as on one).
+   What the demand does not need goes in equal parts to the replicas where the tier is
+   present (``peak > 0``), so a new request finds floor at once where that tier arrives;
+   a tier present nowhere has its floor placed where the borrowers are (by total
+   demand), where its lendable part is of use.
 2. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
    first by the idle lendable floors it holds itself (as one replica would lend them).
 3. **The shared remainder by priority**: within a tier, first what requests in flight
