@@ -182,7 +182,17 @@ def test_a_report_reads_back_as_it_was_written(demand: TierDemand) -> None:
 
 
 def test_a_report_of_a_replica_of_before_reads_without_what_is_in_flight() -> None:
-    # replicas before the in-flight figures report five (the head request's tokens)
+    # replicas before the in-flight figures report five a tier (the head request's tokens)
     assert decode_report({"t": {"a": [120, 1, 400, 3, 90]}}) == Report(
         {"a": TierDemand(Amount(120, 1), Amount(400, 3), head_tokens=90)}
     )
+
+
+def test_a_replica_of_before_reads_the_tier_figures_of_a_new_report() -> None:
+    # what is in flight is a key of its own: the tier's figures keep their old shape
+    demand = TierDemand(Amount(900, 3), Amount(900, 3), head_tokens=300, held=Amount(600, 2))
+    encoded = encode_report(Report({"batch": demand}))
+    assert encoded["t"] == {"batch": [900, 3, 900, 3, 300]}
+    assert decode_report({"t": encoded["t"], "h": {"batch": [600]}}) == Report(
+        {"batch": TierDemand(Amount(900, 3), Amount(900, 3), head_tokens=300)}
+    )  # a malformed in-flight figure reads as none, the demand stays

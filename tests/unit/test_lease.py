@@ -52,6 +52,18 @@ def three_tiers(
     )
 
 
+def batch_only_shared() -> LeasePlan:
+    """One tier, no floor: everything is the shared remainder (600 KV tokens, 4 slots)."""
+    return LeasePlan(
+        tiers=("batch",),
+        floors={"batch": ZERO},
+        lend_percent={"batch": 0},
+        preempt=frozenset(),
+        shared=A(600, 4),
+        per_engine=A(600, 4),
+    )
+
+
 def demand(now: Amount, peak: Amount | None = None) -> TierDemand:
     return TierDemand(now=now, peak=peak if peak is not None else now)
 
@@ -254,14 +266,7 @@ ALLOCATION_CASES = [
     ),
     AllocationCase(
         id="requests-in-flight-keep-what-they-reserve-before-a-queue-elsewhere-starts",
-        plan=LeasePlan(
-            tiers=("batch",),
-            floors={"batch": ZERO},
-            lend_percent={"batch": 0},
-            preempt=frozenset(),
-            shared=A(600, 4),
-            per_engine=A(600, 4),
-        ),
+        plan=batch_only_shared(),
         reports={  # a runs two requests of 300 and queues one; b queues one
             "a": Report(
                 {"batch": TierDemand(A(900, 3), A(900, 3), head_tokens=300, held=A(600, 2))}
@@ -276,14 +281,7 @@ ALLOCATION_CASES = [
     ),
     AllocationCase(
         id="when-one-of-them-ends-the-queue-holding-fewest-is-served",
-        plan=LeasePlan(
-            tiers=("batch",),
-            floors={"batch": ZERO},
-            lend_percent={"batch": 0},
-            preempt=frozenset(),
-            shared=A(600, 4),
-            per_engine=A(600, 4),
-        ),
+        plan=batch_only_shared(),
         reports={
             "a": Report(
                 {"batch": TierDemand(A(600, 2), A(900, 3), head_tokens=300, held=A(300, 1))}

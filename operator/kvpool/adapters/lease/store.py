@@ -74,20 +74,32 @@ class Renewal:
 
 
 def encode_report(report: Report) -> dict[str, Any]:
-    """A report as compact JSON (what other replicas read back)."""
+    """A report as compact JSON (what other replicas read back). What requests in flight
+    reserve is a key of its own (``h``), so a replica of before, which knows only ``t``
+    and ``n``, still reads every tier's figures during a rolling update."""
     return {
         "t": {
             tier: [d.now.tokens, d.now.slots, d.peak.tokens, d.peak.slots]
-            + (
-                [d.head_tokens, d.held.tokens, d.held.slots]
-                if not d.held.is_zero
-                else [d.head_tokens]
-                if d.head_tokens
-                else []
-            )
+            + ([d.head_tokens] if d.head_tokens else [])
             for tier, d in report.tiers.items()
         },
+        "h": {
+            tier: [d.held.tokens, d.held.slots]
+            for tier, d in report.tiers.items()
+            if not d.held.is_zero
+        },
         "n": {tenant: [now, peak] for tenant, (now, peak) in report.tenants.items()},
+    }
+
+
+def _int_pairs(raw: Any) -> dict[str, tuple[int, int]]:
+    """``{name: [a, b]}`` with two integers each; anything else is left out."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        name: (v[0], v[1])
+        for name, v in raw.items()
+        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)
     }
 
 
@@ -95,23 +107,18 @@ def decode_report(data: Any) -> Report:
     """The inverse of :func:`encode_report`; anything malformed reads as no demand."""
     if not isinstance(data, dict):
         return Report()
+    held = _int_pairs(data.get("h"))  # a replica of before reports none
     tiers: dict[str, TierDemand] = {}
     raw_tiers = data.get("t")
     for tier, v in raw_tiers.items() if isinstance(raw_tiers, dict) else []:
-        # now and peak (4 figures), then the head request's tokens, then what is in flight
-        # (tokens, slots); replicas of before report 4 or 5
-        if isinstance(v, list) and len(v) in (4, 5, 7) and all(isinstance(x, int) for x in v):
-            head = v[4] if len(v) > 4 else 0
-            held = Amount(v[5], v[6]) if len(v) == 7 else ZERO
+        # 4 figures, or 5 with the head request's tokens (a replica of before reports 4)
+        if isinstance(v, list) and len(v) in (4, 5) and all(isinstance(x, int) for x in v):
+            head = v[4] if len(v) == 5 else 0
+            in_flight = Amount(*held[tier]) if tier in held else ZERO
             tiers[tier] = TierDemand(
-                Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head, held=held
+                Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head, held=in_flight
             )
-    tenants: dict[str, tuple[int, int]] = {}
-    raw_tenants = data.get("n")
-    for tenant, v in raw_tenants.items() if isinstance(raw_tenants, dict) else []:
-        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
-            tenants[tenant] = (v[0], v[1])
-    return Report(tiers=tiers, tenants=tenants)
+    return Report(tiers=tiers, tenants=_int_pairs(data.get("n")))
 
 
 def _counts(data: Any) -> dict[str, int]:
