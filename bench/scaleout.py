@@ -150,6 +150,11 @@ class Tally:
     redis_commands: float = 0.0
     renewal_buckets: dict[str, float] = field(default_factory=dict)
     gateway_cpu_seconds: float = 0.0  # user + system CPU of the replicas, summed
+    # where chats wait, by the replica they reached: their TTFTs, and the deltas of that
+    # replica's interactive admission-wait histogram (cumulative counts by le, _sum, _count)
+    ttft_ms_by_replica: dict[int, list[float]] = field(default_factory=dict)
+    chat_wait_buckets: dict[int, dict[str, float]] = field(default_factory=dict)
+    chat_wait_sum: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -220,8 +225,16 @@ class Load:
             return
         self.tally.tokens[tier] += count
         if tier == "interactive" and first is not None:
-            into = self.tally.ttft_ms if sent >= self.measure_from else self.tally.start_ttft_ms
-            into.append((first - sent) * 1000)
+            self.record_chat(index, sent, first)
+
+    def record_chat(self, index: int, sent: float, first: float) -> None:
+        """A chat's TTFT: in the percentiles (by replica too), or the start's apart."""
+        ttft = (first - sent) * 1000
+        if sent >= self.measure_from:
+            self.tally.ttft_ms.append(ttft)
+            self.tally.ttft_ms_by_replica.setdefault(index, []).append(ttft)
+        else:
+            self.tally.start_ttft_ms.append(ttft)
 
     async def chats(self, session: aiohttp.ClientSession, rate: float) -> None:
         tasks: list[asyncio.Task[None]] = []
@@ -428,6 +441,51 @@ async def run_round(
         hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
         for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
             tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
+    for index, (b_text, a_text) in enumerate(zip(gw_before, gw_after, strict=True)):
+        wait_b, sum_b = chat_wait(b_text)
+        wait_a, sum_a = chat_wait(a_text)
+        into = tally.chat_wait_buckets.setdefault(index, {})
+        for le, value in wait_a.items():
+            into[le] = into.get(le, 0) + value - wait_b.get(le, 0)
+        tally.chat_wait_sum[index] = tally.chat_wait_sum.get(index, 0) + sum_a - sum_b
+
+
+CHAT_WAIT = "kvpool_gateway_queue_seconds"
+
+
+def chat_wait(text: str) -> tuple[dict[str, float], float]:
+    """One replica's interactive admission waits: cumulative counts by ``le`` and the sum."""
+    chat_lines = "\n".join(line for line in text.splitlines() if 'tier="interactive"' in line)
+    total = sum(
+        float(line.rpartition(" ")[2])
+        for line in chat_lines.splitlines()
+        if line.startswith(CHAT_WAIT + "_sum{")
+    )
+    return histogram_buckets(chat_lines, CHAT_WAIT), total
+
+
+def where_chats_wait(tally: Tally) -> dict[str, dict[str, float | None]]:
+    """Per replica the chats reached: their count, TTFT p95, mean admission wait and the
+    shares that waited longer than 25 and 100 ms for admission."""
+    out: dict[str, dict[str, float | None]] = {}
+    for index in sorted(set(tally.ttft_ms_by_replica) | set(tally.chat_wait_buckets)):
+        buckets = tally.chat_wait_buckets.get(index, {})
+        count = buckets.get("+Inf", 0.0)
+        ttfts = tally.ttft_ms_by_replica.get(index, [])
+        out[f"r{index}"] = {
+            "chats": len(ttfts),
+            "ttft_p95_ms": _r(percentile(ttfts, 95)),
+            "admission_wait_mean_ms": _per(1000 * tally.chat_wait_sum.get(index, 0.0), count),
+            "waited_over_25ms": _share_over(buckets, "0.025"),
+            "waited_over_100ms": _share_over(buckets, "0.1"),
+        }
+    return out
+
+
+def _share_over(buckets: dict[str, float], bound: str) -> float | None:
+    """The share of a histogram's observations above the bucket bound ``bound``."""
+    count = buckets.get("+Inf", 0.0)
+    return round(1 - buckets.get(bound, 0.0) / count, 3) if count else None
 
 
 def bucket_quantile(buckets: dict[str, float], q: float) -> float | None:
@@ -478,6 +536,7 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         ),
         "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
         "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
+        "chats_by_replica": where_chats_wait(tally),
     }
     if baseline is not None and baseline.seconds and sum(baseline.tokens.values()):
         base_rate = sum(baseline.tokens.values()) / baseline.seconds
@@ -651,6 +710,9 @@ def print_table(result: dict[str, Any]) -> None:
             f" {row['renewals_per_s_per_replica'] or 0:6.1f} {row['renewal_p99_ms'] or 0:6.1f}"
             f" {row['gateway_cpu_percent_per_replica'] or 0:5.0f}"
         )
+    print("where chats wait (by the replica they reached):")
+    for name, row in result["scenarios"].items():
+        print(f"  {name:19} {row['chats_by_replica']}")
     if result.get("faults"):
         print(f"faults: {result['faults']}")
 
