@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvpool.domain.admission.amount import ZERO, Amount
+from kvpool.domain.admission.verdicts import TierUsage
 from kvpool.domain.lease import (
     Lease,
     LeaseClock,
@@ -28,6 +29,7 @@ from kvpool.domain.lease import (
     spread,
     tenant_shares_in_mode,
 )
+from kvpool.domain.lease.model import held_components
 from tests.builders.compiled import CompiledPoolBuilder, compiled_tier
 
 A = Amount
@@ -167,6 +169,7 @@ class AllocationCase:
     shared: dict[str, Amount] = field(default_factory=dict)
     loans: dict[str, dict[str, Amount]] = field(default_factory=dict)
     plan: LeasePlan = field(default_factory=three_tiers)
+    standby: dict[str, dict[str, Amount]] | None = None  # member -> tier -> standby (None: any)
 
 
 ALLOCATION_CASES = [
@@ -314,6 +317,42 @@ ALLOCATION_CASES = [
             "c": {"interactive": ZERO},
             "d": {"interactive": ZERO},
         },
+        # a's floor part is full and the next chat is likeliest there: b's idle part
+        # stands by at a (booked twice: b keeps it); no idle floor is left for c and d
+        standby={"a": {"interactive": A(100, 1)}, "b": {}, "c": {}, "d": {}},
+    ),
+    AllocationCase(
+        id="four-replicas-at-70-10-10-10-every-chat-finds-room",
+        reports={
+            "a": Report(
+                {
+                    "interactive": demand(A(120, 1), A(360, 3)),
+                    "batch": demand(A(1200, 4)),
+                    "eval": demand(A(600, 2)),
+                }
+            ),
+            **{
+                m: Report(
+                    {
+                        "interactive": demand(ZERO, A(120, 1)),
+                        "batch": demand(A(300, 1)),
+                        "eval": demand(A(150, 1)),
+                    }
+                )
+                for m in "bcd"
+            },
+        },
+        # the floor's four slots: a's chat now, then the recent peaks max-min fair (a one
+        # more, c and d one each); b, where chats come too, holds chat tokens but no slot:
+        # it gets a slot of a's idle floor as a standby (which a's batch may still
+        # borrow: a chat starting at b preempts it), so a chat finds room on every replica
+        floors={
+            "a": {"interactive": A(411, 2), "batch": A(138, 1), "eval": A(48, 1)},
+            "b": {"interactive": A(170, 0), "batch": A(138, 0), "eval": A(48, 0)},
+            "c": {"interactive": A(170, 1), "batch": A(138, 0), "eval": A(48, 0)},
+            "d": {"interactive": A(170, 1), "batch": A(138, 1), "eval": A(48, 0)},
+        },
+        standby={"a": {}, "b": {"interactive": A(0, 1)}, "c": {}, "d": {}},
     ),
 ]
 
@@ -327,6 +366,8 @@ def test_allocation(case: AllocationCase) -> None:
     for member, loans in case.loans.items():
         got = {t: v for t, v in leases[member].loans.items() if not v.is_zero}
         assert got == {t: v for t, v in loans.items() if not v.is_zero}, member
+    if case.standby is not None:
+        assert {m: dict(lease.standby) for m, lease in leases.items()} == case.standby
 
 
 def test_no_replica_gets_no_lease() -> None:
@@ -486,7 +527,10 @@ def test_a_lease_applied_to_a_pool_is_a_consistent_plan() -> None:
     ]
     plan = build_lease_plan(pool, tiers, {"acme": 3})
     assert plan.total == A(3686, 16)
-    assert plan.groups()["loan.slots.interactive"] == (8, ("loan.slots.interactive",))
+    assert plan.groups()["loan.slots.interactive"] == (
+        8,
+        ("loan.slots.interactive", "standby.slots.interactive"),
+    )
     lease = Lease(
         floors={"interactive": A(1000, 4), "batch": A(1104, 4)},
         shared=A(100, 1),
@@ -501,3 +545,30 @@ def test_a_lease_applied_to_a_pool_is_a_consistent_plan() -> None:
     assert Lease.from_components(lease.components()) == Lease(
         floors=lease.floors, shared=lease.shared, loans=lease.loans
     )
+
+
+def test_a_standby_is_the_tiers_floor_there_not_lendable_and_claimed_apart() -> None:
+    plan = three_tiers()
+    lease = Lease(floors={"interactive": A(100, 1)}, standby={"interactive": A(120, 1)})
+    assert Lease.from_components(lease.components()) == lease
+    assert lease.total == A(220, 2)
+    pool = (
+        CompiledPoolBuilder("tiny")
+        .capacity(1843, 8)
+        .replica_capacity(1843, 8)
+        .tier("interactive", 921, 4)
+        .obj()
+    )
+    applied = apply_lease(pool, plan, lease).tiers["interactive"]
+    assert (applied.floor_tokens, applied.floor_slots) == (220, 2)
+    assert (applied.lendable_tokens, applied.lendable_slots) == (100, 1)  # its own part only
+    # two chats in flight, 200 tokens: the leased floor part holds 100 and 1, the standby
+    # the rest; nothing spills onto components the lease does not have
+    usage = TierUsage("interactive", 0, 200, 2, 220, 2, 0, 0, 0, 0, 0, 0)
+    held = held_components(lease, [usage], ZERO, {}, in_use=A(200, 2))
+    assert held == {
+        "floor.tokens.interactive": 100,
+        "floor.slots.interactive": 1,
+        "standby.tokens.interactive": 120,
+        "standby.slots.interactive": 1,
+    }

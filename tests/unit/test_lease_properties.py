@@ -101,12 +101,14 @@ def test_the_allocation_places_everything_and_never_more(data: st.DataObject) ->
         for tier in plan.tiers:
             placed = sum(part(x.floors.get(tier, ZERO)) for x in leases.values())
             loans = sum(part(x.loans.get(tier, ZERO)) for x in leases.values())
+            standby = sum(part(x.standby.get(tier, ZERO)) for x in leases.values())
             floor = part(plan.floors[tier])
             lendable = part(plan.lendable(tier, plan.floors[tier]))
             if tier in plan.preempt:
                 assert placed == floor, (dim, tier)  # the lender keeps its floor
-                assert loans <= lendable, (dim, tier, loans, lendable)
+                assert loans + standby <= lendable, (dim, tier, loans, standby, lendable)
             else:
+                assert standby == 0, (dim, tier)  # only a Preempt tier stands by
                 assert placed + loans == floor, (dim, tier)  # what it lends moved
             assert all(part(x.floors.get(tier, ZERO)) >= 0 for x in leases.values())
         assert sum(part(x.shared) for x in leases.values()) == part(plan.shared), dim

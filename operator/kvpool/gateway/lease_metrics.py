@@ -33,8 +33,8 @@ class LeaseMetrics:
         )
         self.capacity = Gauge(
             p + "capacity",
-            "What this replica may admit per plan: kind floor (per tier), shared, loan, "
-            "total; dimension tokens or slots.",
+            "What this replica may admit per plan: kind floor and standby (per tier), "
+            "shared, loan, total; dimension tokens or slots.",
             ["pool", "track", "tier", "kind", "dimension"],
             registry=r,
         )
@@ -61,6 +61,9 @@ class LeaseMetrics:
             floor = lease.floors.get(tier, ZERO)
             self.capacity.labels(pool, track, tier, "floor", "tokens").set(floor.tokens)
             self.capacity.labels(pool, track, tier, "floor", "slots").set(floor.slots)
+            standby = lease.standby.get(tier, ZERO)
+            self.capacity.labels(pool, track, tier, "standby", "tokens").set(standby.tokens)
+            self.capacity.labels(pool, track, tier, "standby", "slots").set(standby.slots)
         loans = sum(lease.loans.values(), ZERO)
         for kind, amount in (("shared", lease.shared), ("loan", loans), ("total", lease.total)):
             self.capacity.labels(pool, track, "", kind, "tokens").set(amount.tokens)

@@ -19,17 +19,24 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    present (``peak > 0``), so a new request finds floor at once where that tier arrives;
    a tier present nowhere has its floor placed where the borrowers are (by total
    demand), where its lendable part is of use.
-2. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
+2. **Standbys of ``Preempt`` tiers.** A replica where a ``Preempt`` tier arrives
+   (``peak > 0``) but whose part of its floor has no room for one more request of it
+   (the tier's typical request: its head, or its peak per slot) gets that room as a
+   standby, booked twice against the tier's idle lendable floor at the other replicas
+   (see :mod:`.model`): the next chat starts at once wherever it lands, as on one replica,
+   instead of waiting for a renewal because four slots of floor cannot be in four places
+   and follow a burst too.
+3. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
    first by the idle lendable floors it holds itself (as one replica would lend them).
-3. **The shared remainder by priority**: within a tier, first what requests in flight
+4. **The shared remainder by priority**: within a tier, first what requests in flight
    reserve and the floors do not cover (the grant never takes that from them, so a lease
    below it only strands a piece elsewhere), then the queues max-min fair across replicas.
-4. **Loans of idle floors.** What still waits borrows the idle lendable floors held by
+5. **Loans of idle floors.** What still waits borrows the idle lendable floors held by
    *other* replicas, lowest-priority lenders first: a ``Wait`` tier's floor moves to the
    borrower (and comes back as its borrowers finish), a ``Preempt`` tier's is booked on
    both (the lender takes it back at once through the engines' preemption; see
    :mod:`.model`).
-5. **Slack.** The shared remainder no one waits for is spread over the active replicas
+6. **Slack.** The shared remainder no one waits for is spread over the active replicas
    (any demand in the last few seconds), so a burst starts without waiting for a renewal.
 
 Tenants' ``maxConcurrency``: split max-min fair over the replicas' peak in-flight+queued
@@ -52,7 +59,7 @@ requests waiting or running):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease.model import DIMENSIONS, Lease, LeasePlan, Report
@@ -196,14 +203,32 @@ class _Dimension:
             for t in plan.tiers
         }
         self.unit = {t: (h if dim == "tokens" else min(1, h)) for t, h in heads.items()}
+        # a tier's typical request, for standbys: its largest head, else its largest peak
+        # per slot (what one of its requests reserved lately); one slot
+        self.request = {
+            t: (
+                max([heads[t], *(_per_slot(reports[m].demand(t).peak) for m in self.members)])
+                if dim == "tokens"
+                else int(any(self.peak[m][t] > 0 for m in self.members))
+            )
+            for t in plan.tiers
+        }
         self.floors: dict[str, dict[str, int]] = {m: {} for m in self.members}
         self.shared = dict.fromkeys(self.members, 0)
         self.loans: dict[str, dict[str, int]] = {m: {} for m in self.members}
+        self.standby: dict[str, dict[str, int]] = {m: {} for m in self.members}
+        self.standing: dict[str, dict[str, int]] = {m: {} for m in self.members}  # booked on
 
-    def run(self) -> None:
+    def place_floors(self) -> None:
         for tier in self.plan.tiers:
             self._place_floor(tier)
+
+    def run(self) -> None:
+        """Everything after the floors and the standbys (:func:`_stand_by`)."""
         need, idle = self._borrow_at_home()
+        for member in self.members:  # loans and standbys share the lendable floor
+            for tier, booked in self.standing[member].items():
+                idle[member][tier] = max(0, idle[member][tier] - booked)
         left = _dim(self.plan.shared, self.dim)
         for tier in self.plan.tiers:
             given = self._in_flight_first(
@@ -258,6 +283,36 @@ class _Dimension:
                 placed[member] += extra
         for member, amount in placed.items():
             self.floors[member][tier] = amount
+
+    def _lendable_free(self, member: str, tier: str) -> int:
+        """The part of ``member``'s lendable floor of ``tier`` the tier does not hold."""
+        lendable = self.floors[member][tier] * self.plan.lend_percent.get(tier, 0) // 100
+        return max(0, lendable - self.now[member][tier] - self.standing[member].get(tier, 0))
+
+    def standby_want(self, member: str, tier: str) -> int:
+        """What ``member`` lacks of room for one more request of ``tier`` in its floor."""
+        room = max(0, self.floors[member][tier] - self.now[member][tier])
+        return max(0, self.request[tier] - room)
+
+    def book_standby(self, member: str, tier: str, want: int, *, dry: bool) -> bool:
+        """Book ``want`` of ``tier`` as ``member``'s standby on the others' idle lendable
+        floor, largest first; whole or not at all (``dry``: only say whether it fits)."""
+        lenders = sorted(
+            (m for m in self.members if m != member),
+            key=lambda m: (-self._lendable_free(m, tier), m),
+        )
+        if sum(self._lendable_free(m, tier) for m in lenders) < want:
+            return False
+        if dry or want <= 0:
+            return True
+        for lender in lenders:
+            take = min(want, self._lendable_free(lender, tier))
+            if take <= 0:
+                break
+            self.standing[lender][tier] = self.standing[lender].get(tier, 0) + take
+            self.standby[member][tier] = self.standby[member].get(tier, 0) + take
+            want -= take
+        return True
 
     def _borrow_at_home(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """Per member, each tier's need above its floor after borrowing the member's own
@@ -330,6 +385,30 @@ class _Dimension:
         return booked
 
 
+def _stand_by(plan: LeasePlan, dims: Sequence[_Dimension]) -> None:
+    """Standbys of the ``Preempt`` tiers (module docstring, step 2), in both dimensions
+    at once (tokens without a slot, or a slot without tokens, start nothing): where the
+    tier arrives, likeliest first (largest peak), when its floor part has no room for one
+    more of its requests and the others' idle lendable floor has it."""
+    slots = next(d for d in dims if d.dim == "slots")
+    for tier in plan.tiers:
+        if tier not in plan.preempt or any(d.request[tier] <= 0 for d in dims):
+            continue
+        present = [m for m in slots.members if slots.peak[m][tier] > 0]
+        for member in sorted(present, key=lambda m: (-slots.peak[m][tier], m)):
+            wants = [(d, d.standby_want(member, tier)) for d in dims]
+            if all(want <= 0 for _, want in wants):
+                continue
+            if all(d.book_standby(member, tier, want, dry=True) for d, want in wants):
+                for d, want in wants:
+                    d.book_standby(member, tier, want, dry=False)
+
+
+def _per_slot(amount: Amount) -> int:
+    """Tokens per slot of ``amount``, rounded up (0 without slots)."""
+    return -(-amount.tokens // amount.slots) if amount.slots > 0 else 0
+
+
 def _tenant_shares(
     plan: LeasePlan, reports: Mapping[str, Report], members: list[str]
 ) -> dict[str, dict[str, int]]:
@@ -367,17 +446,19 @@ def plan_leases(plan: LeasePlan, reports: Mapping[str, Report]) -> dict[str, Lea
     """
     if not reports:
         return {}
-    by_dim = {}
-    for dim in DIMENSIONS:
-        allocation = _Dimension(plan, reports, dim)
+    by_dim = {dim: _Dimension(plan, reports, dim) for dim in DIMENSIONS}
+    for allocation in by_dim.values():
+        allocation.place_floors()
+    _stand_by(plan, list(by_dim.values()))
+    for allocation in by_dim.values():
         allocation.run()
-        by_dim[dim] = allocation
     tokens, slots = by_dim["tokens"], by_dim["slots"]
     members = tokens.members
     tenants = _tenant_shares(plan, reports, members)
     leases: dict[str, Lease] = {}
     for member in members:
         lenders = set(tokens.loans[member]) | set(slots.loans[member])
+        standing = set(tokens.standby[member]) | set(slots.standby[member])
         leases[member] = Lease(
             floors={
                 t: Amount(tokens.floors[member][t], slots.floors[member][t]) for t in plan.tiers
@@ -388,5 +469,9 @@ def plan_leases(plan: LeasePlan, reports: Mapping[str, Report]) -> dict[str, Lea
                 for t in sorted(lenders)
             },
             tenants=tenants[member],
+            standby={
+                t: Amount(tokens.standby[member].get(t, 0), slots.standby[member].get(t, 0))
+                for t in sorted(standing)
+            },
         )
     return leases

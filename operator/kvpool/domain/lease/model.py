@@ -15,6 +15,15 @@ lease gives one gateway replica a part of each *component* of the plan:
   twice on purpose: the lender keeps its floor and admits into it at once, and the engines'
   priority scheduler preempts the borrowers, exactly what ``Preempt`` means on one replica
   (docs/0003 §3); such loans are bounded by the tier's lendable floor;
+- ``standby.<dim>.<tier>``: for a ``reclaim: Preempt`` tier only, one request's worth of
+  that tier's idle lendable floor placed on another replica, given ahead of demand to a
+  replica where the tier arrives but whose own part of the floor has no room left for its
+  next request (with four replicas and a floor of four slots, most replicas hold none).
+  It is the tier's floor at that replica, not lendable there (only the tier's requests
+  use it). Booked twice like a ``Preempt`` loan: the replica that holds the floor keeps
+  it (and may lend it to its own borrowers), and when a request starts on the standby the
+  engines' priority scheduler preempts the borrowers, as on one replica. Standbys and
+  loans of a tier share one bound, its lendable floor;
 - ``tenant.<name>``: part of a tenant's ``maxConcurrency`` in this pool and track.
 
 The Redis grant checks each constraint group (:meth:`LeasePlan.groups`: the sum over
@@ -78,8 +87,8 @@ class LeasePlan:
 
         What the leases of all replicas may sum to, per group. A tier's floor and the loans
         of its idle floor share one group (a ``Wait`` tier lends what it does not hold),
-        except for a ``Preempt`` tier, whose loans are booked twice and bounded apart by
-        its lendable floor (see the module docstring)."""
+        except for a ``Preempt`` tier, whose loans and standbys are booked twice and bounded
+        apart, together, by its lendable floor (see the module docstring)."""
         groups: dict[str, tuple[int, tuple[str, ...]]] = {}
         for dim in DIMENSIONS:
             for tier in self.tiers:
@@ -87,7 +96,8 @@ class LeasePlan:
                 figure = _part(self.floors[tier], dim)
                 if tier in self.preempt:
                     groups[floor] = (figure, (floor,))
-                    groups[loan] = (_part(self.lendable(tier, self.floors[tier]), dim), (loan,))
+                    lendable = _part(self.lendable(tier, self.floors[tier]), dim)
+                    groups[loan] = (lendable, (loan, f"standby.{dim}.{tier}"))
                 else:
                     groups[floor] = (figure, (floor, loan))
             groups[f"shared.{dim}"] = (_part(self.shared, dim), (f"shared.{dim}",))
@@ -131,11 +141,13 @@ class Lease:
     shared: Amount = ZERO
     loans: Mapping[str, Amount] = field(default_factory=dict)
     tenants: Mapping[str, int] = field(default_factory=dict)
+    standby: Mapping[str, Amount] = field(default_factory=dict)  # Preempt tier -> its standby
 
     @property
     def total(self) -> Amount:
         """Everything this replica may admit against."""
-        return sum(self.floors.values(), ZERO) + self.shared + sum(self.loans.values(), ZERO)
+        loans = sum(self.loans.values(), ZERO) + sum(self.standby.values(), ZERO)
+        return sum(self.floors.values(), ZERO) + self.shared + loans
 
     def components(self) -> dict[str, int]:
         """The lease as the flat component vector the grant checks (zeros left out)."""
@@ -147,6 +159,9 @@ class Lease:
             for tier, loan in self.loans.items():
                 if value := _part(loan, dim):
                     out[f"loan.{dim}.{tier}"] = value
+            for tier, standby in self.standby.items():
+                if value := _part(standby, dim):
+                    out[f"standby.{dim}.{tier}"] = value
             if value := _part(self.shared, dim):
                 out[f"shared.{dim}"] = value
         for tenant, limit in self.tenants.items():
@@ -159,6 +174,7 @@ class Lease:
         """The inverse of :meth:`components` (unknown names are ignored)."""
         floors: dict[str, dict[str, int]] = {}
         loans: dict[str, dict[str, int]] = {}
+        standby: dict[str, dict[str, int]] = {}
         shared: dict[str, int] = {}
         tenants: dict[str, int] = {}
         for name, value in components.items():
@@ -175,11 +191,14 @@ class Lease:
                 floors.setdefault(tier, {})[dim] = value
             elif kind == "loan" and tier:
                 loans.setdefault(tier, {})[dim] = value
+            elif kind == "standby" and tier:
+                standby.setdefault(tier, {})[dim] = value
         return cls(
             floors={t: _amount(p) for t, p in floors.items()},
             shared=_amount(shared),
             loans={t: _amount(p) for t, p in loans.items()},
             tenants=tenants,
+            standby={t: _amount(p) for t, p in standby.items()},
         )
 
 
@@ -221,20 +240,22 @@ def _scaled(whole: int, part: int, of: int) -> int:
 def apply_lease(view: CompiledPool, plan: LeasePlan, lease: Lease) -> CompiledPool:
     """The pool view one replica admits against under ``lease``.
 
-    Floors and their lendable parts are the lease's; the shared remainder is the lease's
-    shared part plus its loans (a borrower does not care whose idle floor it uses); an
-    engine replica's capacity is scaled by the lease's share of the plan's total, so that
-    what all gateway replicas route to one engine stays within it (loans aside).
+    Floors and their lendable parts are the lease's, a tier's standby added to its floor
+    but not to the lendable part (only the tier's own requests start on it); the shared
+    remainder is the lease's shared part plus its loans (a borrower does not care whose
+    idle floor it uses); an engine replica's capacity is scaled by the lease's share of
+    the plan's total, so that what all gateway replicas route to one engine stays within
+    it (loans and standbys aside).
     """
     tiers = {
         name: TierAllocation(
-            floor_tokens=floor.tokens,
-            floor_slots=floor.slots,
+            floor_tokens=floor.tokens + standby.tokens,
+            floor_slots=floor.slots + standby.slots,
             lendable_tokens=plan.lendable(name, floor).tokens,
             lendable_slots=plan.lendable(name, floor).slots,
         )
         for name in plan.tiers
-        for floor in [lease.floors.get(name, ZERO)]
+        for floor, standby in [(lease.floors.get(name, ZERO), lease.standby.get(name, ZERO))]
     }
     shared = lease.shared + sum(lease.loans.values(), ZERO)
     total = lease.total
@@ -324,8 +345,14 @@ def held_components(
     for t in tiers:
         own = Amount(t.in_use_tokens - t.borrowed_tokens, t.in_use_slots - t.borrowed_slots)
         floor = own + Amount(t.lent_tokens, t.lent_slots)
-        used[f"floor.tokens.{t.tier}"] = floor.tokens
-        used[f"floor.slots.{t.tier}"] = floor.slots
+        # what the tier's floor holds above its leased part is on its standby first
+        leased_floor, standby = lease.floors.get(t.tier, ZERO), lease.standby.get(t.tier, ZERO)
+        on_standby = (floor - leased_floor).clamp0().min(standby)
+        floor -= on_standby
+        for dim in DIMENSIONS:
+            used[f"floor.{dim}.{t.tier}"] = _part(floor, dim)
+            if value := _part(on_standby, dim):
+                used[f"standby.{dim}.{t.tier}"] = value
     for dim in DIMENSIONS:
         over = _part(shared_used, dim) - _part(lease.shared, dim)
         used[f"shared.{dim}"] = _part(shared_used, dim) - max(0, over)
