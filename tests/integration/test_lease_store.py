@@ -174,6 +174,7 @@ def test_a_report_of_a_replica_of_before_reads_without_its_head_request() -> Non
         TierDemand(Amount(300, 1), Amount(300, 1), head_tokens=300),
         TierDemand(Amount(600, 2), Amount(600, 2), held=Amount(600, 2)),  # nothing waits
         TierDemand(Amount(0, 0), Amount(400, 3)),
+        TierDemand(),  # the tier arrived lately, no demand now: still reported
     ],
 )
 def test_a_report_reads_back_as_it_was_written(demand: TierDemand) -> None:

@@ -29,7 +29,7 @@ from kvpool.domain.lease import (
     spread,
     tenant_shares_in_mode,
 )
-from kvpool.domain.lease.model import held_components
+from kvpool.domain.lease.model import held_components, report_of
 from tests.builders.compiled import CompiledPoolBuilder, compiled_tier
 
 A = Amount
@@ -354,6 +354,31 @@ ALLOCATION_CASES = [
         },
         standby={"a": {}, "b": {"interactive": A(0, 1)}, "c": {}, "d": {}},
     ),
+    AllocationCase(
+        id="a-chat-gap-longer-than-the-peaks-keeps-the-standby",
+        reports={
+            "a": Report(
+                {
+                    "interactive": demand(A(120, 1), A(360, 3)),
+                    "batch": demand(A(1200, 4)),
+                    "eval": demand(A(600, 2)),
+                }
+            ),
+            "b": Report({"interactive": demand(ZERO, A(120, 1)), "batch": demand(A(300, 1))}),
+            # c's last chat is older than the peaks' window but within the presence
+            # window (reported as the tier with no demand); d never sees a chat
+            "c": Report({"interactive": TierDemand(), "batch": demand(A(300, 1))}),
+            "d": Report({"batch": demand(A(300, 1))}),
+        },
+        floors={
+            "a": {"interactive": A(581, 3), "batch": A(138, 1), "eval": A(192, 1)},
+            "b": {"interactive": A(340, 1), "batch": A(138, 0), "eval": ZERO},
+            "c": {"interactive": ZERO, "batch": A(138, 0), "eval": ZERO},
+            "d": {"interactive": ZERO, "batch": A(138, 1), "eval": ZERO},
+        },
+        # c's next chat starts at once on a standby; d, where chats never come, books none
+        standby={"a": {}, "b": {}, "c": {"interactive": A(120, 1)}, "d": {}},
+    ),
 ]
 
 
@@ -385,7 +410,10 @@ def test_the_allocation_is_the_same_whatever_order_the_reports_come_in() -> None
     [
         pytest.param(4, {"a": (4, 4), "b": (0, 0)}, {"a": 4}, id="all-on-one-replica"),
         pytest.param(4, {"a": (3, 3), "b": (3, 3)}, {"a": 2, "b": 2}, id="max-min"),
-        pytest.param(6, {"a": (1, 1), "b": (1, 2)}, {"a": 3, "b": 3}, id="rest-where-present"),
+        pytest.param(6, {"a": (1, 1), "b": (1, 2)}, {"a": 3, "b": 3}, id="rest-in-equal-parts"),
+        # b has not seen the tenant lately: its part of the rest starts its next request
+        pytest.param(6, {"a": (2, 2)}, {"a": 4, "b": 2}, id="rest-also-where-absent"),
+        pytest.param(1, {"a": (1, 1)}, {"a": 1}, id="nothing-left-for-the-absent"),
         pytest.param(5, {}, {}, id="reported-nowhere-held-nowhere"),
     ],
 )
@@ -572,3 +600,13 @@ def test_a_standby_is_the_tiers_floor_there_not_lendable_and_claimed_apart() -> 
         "standby.tokens.interactive": 120,
         "standby.slots.interactive": 1,
     }
+
+
+def test_a_tier_that_arrived_lately_is_reported_with_no_demand() -> None:
+    idle = TierUsage("interactive", 0, 0, 0, 400, 2, 0, 0, 0, 0, 0, 0)
+    busy = TierUsage("batch", 1, 300, 1, 200, 1, 100, 0, 0, 0, 0, 0)
+    report = report_of([idle, busy], {}, {}, {}, seen={"interactive", "batch"})
+    assert report.tiers["interactive"] == TierDemand()
+    assert report.arrives("interactive") and report.arrives("batch")
+    assert not report_of([idle], {}, {}, {}).arrives("interactive")  # never seen: left out
+    assert not Report({"interactive": TierDemand()}).active  # presence alone is no demand

@@ -18,7 +18,7 @@ from kvpool.domain.admission import AdmissionSnapshot
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Lease, LeasePlan, Report, plan_leases
 from kvpool.domain.lease.model import report_of
-from kvpool.domain.lease.peaks import PeakWindow
+from kvpool.domain.lease.peaks import PeakWindow, Presence
 from kvpool.domain.routing import CANARY, STABLE, build_track_pool
 
 
@@ -34,6 +34,7 @@ class LeasedPlan:
     table: dict[str, Report] = field(default_factory=dict)  # the others' last reports
     peaks: PeakWindow = field(default_factory=PeakWindow)
     tenant_peaks: PeakWindow = field(default_factory=PeakWindow)
+    presence: Presence = field(default_factory=Presence)  # tiers that arrived lately
     granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
     claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
 
@@ -55,10 +56,12 @@ class LeasedPlan:
             t.tier: Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
             for t in snapshot.tiers
         }
-        peaks = self.peaks.observe(now, {k: v for k, v in current.items() if not v.is_zero})
+        busy = {k: v for k, v in current.items() if not v.is_zero}
+        peaks = self.peaks.observe(now, busy)
+        seen = self.presence.observe(now, busy)
         counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
         tenant_peaks = {t: a.slots for t, a in self.tenant_peaks.observe(now, counts).items()}
-        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks)
+        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks, seen)
 
     def in_play(self, report: Report) -> LeasePlan:
         """The plan with only the tenants someone reports or holds (not every tenant of

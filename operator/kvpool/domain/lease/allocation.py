@@ -20,12 +20,13 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    a tier present nowhere has its floor placed where the borrowers are (by total
    demand), where its lendable part is of use.
 2. **Standbys of ``Preempt`` tiers.** A replica where a ``Preempt`` tier arrives
-   (``peak > 0``) but whose part of its floor has no room for one more request of it
-   (the tier's typical request: its head, or its peak per slot) gets that room as a
-   standby, booked twice against the tier's idle lendable floor at the other replicas
-   (see :mod:`.model`): the next chat starts at once wherever it lands, as on one replica,
-   instead of waiting for a renewal because four slots of floor cannot be in four places
-   and follow a burst too.
+   (``peak > 0``, or demand within the longer presence window, which the replica reports
+   as the tier with no demand; see :mod:`.peaks`) but whose part of its floor has no
+   room for one more request of it (the tier's typical request: its head, or its peak
+   per slot) gets that room as a standby, booked twice against the tier's idle lendable
+   floor at the other replicas (see :mod:`.model`): the next chat starts at once wherever
+   it lands, as on one replica, instead of waiting for a renewal because four slots of
+   floor cannot be in four places and follow a burst too.
 3. **Borrowing at home first.** A replica's demand above its floors (by priority) is met
    first by the idle lendable floors it holds itself (as one replica would lend them).
 4. **The shared remainder by priority**: within a tier, first what requests in flight
@@ -40,8 +41,10 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    (any demand in the last few seconds), so a burst starts without waiting for a renewal.
 
 Tenants' ``maxConcurrency``: split max-min fair over the replicas' peak in-flight+queued
-requests of the tenant, the rest in equal parts where the tenant is present. A tenant no
-replica reports gets nothing anywhere (its first request asks for a renewal).
+requests of the tenant, the rest in equal parts over every replica (a limit is no
+capacity: held where the tenant has not been lately it costs nothing, and its next request
+there starts without waiting for a renewal). A tenant no replica reports gets nothing
+anywhere (its first request asks for a renewal).
 
 Worked example (slots only; floors interactive 4 (lend 100 %, Preempt), batch 2, eval 1,
 shared 1; replica ``b`` has 1 chat running (peak 2), replica ``a`` 6 batch and 3 eval
@@ -196,6 +199,11 @@ class _Dimension:
                 peak[t] = max(now[t], _dim(d.peak, dim)) if d is not None else 0
                 held[t] = min(now[t], _dim(d.held, dim)) if d is not None else 0
         self.active = [m for m in self.members if reports[m].active]
+        # where each tier arrived lately (its peak, or the longer presence window)
+        self.arrives = {
+            m: {t: self.peak[m][t] > 0 or reports[m].arrives(t) for t in plan.tiers}
+            for m in self.members
+        }
         # a tier's tokens are split in whole requests of its largest next request, and its
         # slots in the same order (so a replica's tokens and slots fit the same requests)
         heads = {
@@ -394,7 +402,7 @@ def _stand_by(plan: LeasePlan, dims: Sequence[_Dimension]) -> None:
     for tier in plan.tiers:
         if tier not in plan.preempt or any(d.request[tier] <= 0 for d in dims):
             continue
-        present = [m for m in slots.members if slots.peak[m][tier] > 0]
+        present = [m for m in slots.members if slots.arrives[m][tier]]
         for member in sorted(present, key=lambda m: (-slots.peak[m][tier], m)):
             wants = [(d, d.standby_want(member, tier)) for d in dims]
             if all(want <= 0 for _, want in wants):
@@ -421,12 +429,13 @@ def _tenant_shares(
         }
         if not peaks:
             continue
-        placed = fill(limit, peaks)
+        placed = dict.fromkeys(members, 0) | fill(limit, peaks)
         left = limit - sum(placed.values())
-        for member, extra in spread(left, dict.fromkeys(peaks, 1)).items():
+        for member, extra in spread(left, dict.fromkeys(members, 1)).items():
             placed[member] += extra
         for member, amount in placed.items():
-            shares[member][tenant] = amount
+            if amount:
+                shares[member][tenant] = amount
     return shares
 
 

@@ -42,7 +42,7 @@ replica would let batch borrow the idle interactive floor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvpool.api.admission_config import CompiledPool, CompiledTier, TierAllocation
@@ -126,6 +126,11 @@ class Report:
     def demand(self, tier: str) -> TierDemand:
         """The tier's demand (none if it did not report the tier)."""
         return self.tiers.get(tier, TierDemand())
+
+    def arrives(self, tier: str) -> bool:
+        """Whether ``tier`` had demand here lately (its peak, or a longer presence window:
+        a replica reports such a tier even while it has none)."""
+        return tier in self.tiers
 
     @property
     def active(self) -> bool:
@@ -287,15 +292,20 @@ def report_of(
     peaks: Mapping[str, Amount],
     tenants: Mapping[str, tuple[int, int]],
     tenant_peaks: Mapping[str, int],
+    seen: Collection[str] = (),
 ) -> Report:
     """A replica's report from its controller's snapshot: per tier reserved plus queued
     (``now``) and the largest of that over the last seconds (``peaks``, kept by the
-    caller); per limited tenant its requests in flight plus queued, and their peak."""
+    caller); per limited tenant its requests in flight plus queued, and their peak. A
+    tier in ``seen`` (it had demand here lately, over a longer window than the peaks) is
+    reported even with no demand, as all zeros: the tier still arrives here."""
     out: dict[str, TierDemand] = {}
     for t in tiers:
         now = Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
         peak = now.max(peaks.get(t.tier, ZERO))
-        if not now.is_zero or not peak.is_zero:
+        if now.is_zero and peak.is_zero and t.tier in seen:
+            out[t.tier] = TierDemand()
+        elif not now.is_zero or not peak.is_zero:
             held = Amount(t.in_use_tokens, t.in_use_slots)
             out[t.tier] = TierDemand(now=now, peak=peak, head_tokens=t.head_tokens, held=held)
     counts = {

@@ -1,4 +1,5 @@
-"""The peak of each tier's demand over the last few seconds, as a replica reports it.
+"""The peak of each tier's demand over the last few seconds, and which tiers arrived
+lately, as a replica reports them.
 
 Why this module exists: leases place floors by each replica's *peak* demand of a tier
 (:mod:`.allocation`), so that a tier whose requests come and go keeps its floor where it
@@ -17,10 +18,14 @@ Amount(tokens=5, slots=1)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 from kvpool.domain.admission.amount import ZERO, Amount
 
 PEAK_WINDOW_SECONDS = 5.0  # a tier's "peak" demand: the largest of this long
+# a tier "arrives" at a replica if it had demand there this recently: long enough that a
+# tier sent to a replica every few seconds is not forgotten between two of its requests
+PRESENCE_WINDOW_SECONDS = 30.0
 
 
 class PeakWindow:
@@ -46,3 +51,28 @@ class PeakWindow:
                 peak = peak.max(value)
             out[key] = peak
         return out
+
+
+class Presence:
+    """The keys seen within the last ``window`` seconds (one timestamp a key: no samples
+    kept, unlike :class:`PeakWindow`).
+
+    >>> p = Presence(window=30.0)
+    >>> sorted(p.observe(0.0, ["chat"]))
+    ['chat']
+    >>> sorted(p.observe(29.0, ["batch"]))
+    ['batch', 'chat']
+    >>> sorted(p.observe(31.0, []))
+    ['batch']
+    """
+
+    def __init__(self, window: float = PRESENCE_WINDOW_SECONDS) -> None:
+        self.window = window
+        self._last: dict[str, float] = {}
+
+    def observe(self, now: float, keys: Iterable[str]) -> frozenset[str]:
+        for key in keys:
+            self._last[key] = now
+        for key in [k for k, t in self._last.items() if t < now - self.window]:
+            del self._last[key]
+        return frozenset(self._last)
