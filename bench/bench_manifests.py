@@ -127,6 +127,11 @@ class BenchPlan:
     def pool(self) -> CompiledPool:
         return next(p for p in self.config.pools if p.name == POOL)
 
+    def max_queue_wait(self, tier: str) -> float:
+        """The seconds a request of ``tier`` may wait for admission (its maxQueueWait)."""
+        policy = next(p for p in self.config.tier_policies if p.name == self.pool.tier_policy)
+        return next(t.max_queue_wait_seconds for t in policy.tiers if t.name == tier)
+
     def planned(self) -> dict[str, Any]:
         """The plan's figures (for results files): replicas, slots and tokens per tier."""
         pool = self.pool

@@ -411,6 +411,10 @@ async def run_round(
                     plan.planned()["total_tokens"],
                 )
             )
+            # chat waits count from here: a chat sent while settling (left out of the
+            # TTFTs) is admitted or refused within its tier's maxQueueWait
+            chat_wait_from = args.settle + plan.max_queue_wait("interactive")
+            settled = asyncio.create_task(gateway_texts_after(session, gateways, chat_wait_from))
             jobs = [load.chats(session, args.chat_rate)]
             jobs += [load.worker(session, "batch", seed * 100 + i) for i in range(args.batch)]
             jobs += [load.worker(session, "eval", seed * 200 + i) for i in range(args.eval)]
@@ -420,6 +424,7 @@ async def run_round(
             await sampler
             tally.gateway_cpu_seconds += sum(cpu_seconds(g.process.pid) for g in gateways) - cpu
             gw_after = [await fetch_text(session, g.metrics_url) for g in gateways]
+            gw_settled = await settled
             tally.redis_commands += await redis_commands(redis) - commands
             await wait_engine_idle(session, engine.metrics_url, 60)
             after = metric_sums(await fetch_text(session, engine.metrics_url))
@@ -441,7 +446,7 @@ async def run_round(
         hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
         for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
             tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
-    for index, (b_text, a_text) in enumerate(zip(gw_before, gw_after, strict=True)):
+    for index, (b_text, a_text) in enumerate(zip(gw_settled, gw_after, strict=True)):
         wait_b, sum_b = chat_wait(b_text)
         wait_a, sum_a = chat_wait(a_text)
         into = tally.chat_wait_buckets.setdefault(index, {})
@@ -451,6 +456,15 @@ async def run_round(
 
 
 CHAT_WAIT = "kvpool_gateway_queue_seconds"
+
+
+async def gateway_texts_after(
+    session: aiohttp.ClientSession, gateways: list[GatewayProcess], delay: float
+) -> list[str]:
+    """Every gateway's /metrics ``delay`` seconds from now (once the chats of a round's
+    settling seconds, which the percentiles leave out, have all been admitted or refused)."""
+    await asyncio.sleep(delay)
+    return [await fetch_text(session, g.metrics_url) for g in gateways]
 
 
 def chat_wait(text: str) -> tuple[dict[str, float], float]:
