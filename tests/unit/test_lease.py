@@ -379,6 +379,32 @@ ALLOCATION_CASES = [
         # c's next chat starts at once on a standby; d, where chats never come, books none
         standby={"a": {}, "b": {}, "c": {"interactive": A(120, 1)}, "d": {}},
     ),
+    AllocationCase(
+        id="left-overs-at-two-replicas-start-a-request-at-one",
+        plan=LeasePlan(
+            tiers=("interactive", "batch"),
+            floors={"interactive": A(800, 4), "batch": ZERO},
+            lend_percent={"interactive": 100, "batch": 0},
+            preempt=frozenset({"interactive"}),
+            shared=A(200, 4),
+            per_engine=A(1000, 8),
+        ),
+        reports={  # a runs one request of 200 and queues 3; b runs one of 350 and queues 2
+            "a": Report({"batch": TierDemand(A(800, 4), A(800, 4), 200, held=A(200, 1))}),
+            "b": Report({"batch": TierDemand(A(1050, 3), A(1050, 3), 350, held=A(350, 1))}),
+            "c": Report({"interactive": demand(ZERO, A(100, 1))}),
+        },
+        floors={
+            "a": {"interactive": ZERO, "batch": ZERO},
+            "b": {"interactive": ZERO, "batch": ZERO},
+            "c": {"interactive": A(800, 4), "batch": ZERO},
+        },
+        # steps 1-6 gave a 450 tokens (one more request of 200 starts, 50 idle) and b 550
+        # (no request of 350 starts, 200 idle): 250 idle while both queues wait. b's
+        # left-over completes a's next request: a starts two, b keeps 50
+        shared={"a": A(200, 2), "b": A(0, 2), "c": ZERO},
+        loans={"a": {"interactive": A(400, 2)}, "b": {"interactive": A(400, 1)}},
+    ),
 ]
 
 

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.lease import (
+    Lease,
     LeaseClock,
     LeasePlan,
     Report,
     TierDemand,
+    allocation,
     decide_grant,
     plan_leases,
 )
@@ -82,6 +85,22 @@ def reports(draw: st.DrawFn, plan: LeasePlan) -> Report:
     return Report(tiers=tiers, tenants=tenants)
 
 
+@st.composite
+def reports_in_flight(draw: st.DrawFn, plan: LeasePlan) -> Report:
+    """A report whose tiers also have requests in flight (part of ``now`` is held)."""
+    report = draw(reports(plan))
+    tiers = {
+        tier: TierDemand(
+            d.now,
+            d.peak,
+            d.head_tokens,
+            Amount(draw(st.integers(0, d.now.tokens)), draw(st.integers(0, d.now.slots))),
+        )
+        for tier, d in report.tiers.items()
+    }
+    return Report(tiers=tiers, tenants=report.tenants)
+
+
 # -- the allocation alone ----------------------------------------------------------------
 
 
@@ -114,6 +133,40 @@ def test_the_allocation_places_everything_and_never_more(data: st.DataObject) ->
         assert sum(part(x.shared) for x in leases.values()) == part(plan.shared), dim
     for tenant, limit in plan.tenants.items():
         assert sum(x.tenants.get(tenant, 0) for x in leases.values()) <= limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_consolidation_moves_only_what_requests_in_flight_do_not_hold(
+    data: st.DataObject,
+) -> None:
+    plan = data.draw(plans())
+    members = data.draw(st.lists(st.sampled_from("abcd"), min_size=2, max_size=4, unique=True))
+    table = {m: data.draw(reports_in_flight(plan)) for m in members}
+    leases = plan_leases(plan, table)
+    with_no_moves = pytest.MonkeyPatch.context()
+    with with_no_moves as patch:
+        patch.setattr(allocation, "_consolidate", lambda *_: None)
+        unmoved = plan_leases(plan, table)
+    # every constraint group sums to the same: only the shared part and loans moved
+    assert sum_components(x.components() for x in leases.values()) == sum_components(
+        x.components() for x in unmoved.values()
+    )
+    for m in members:
+        for dim in DIMENSIONS:
+
+            def part(a: Amount, d: str = dim) -> int:
+                return a.tokens if d == "tokens" else a.slots
+
+            def pooled(lease: Lease) -> int:
+                return part(lease.shared) + sum(part(v) for v in lease.loans.values())
+
+            above = sum(
+                max(0, part(table[m].demand(t).held) - part(unmoved[m].floors.get(t, ZERO)))
+                for t in plan.tiers
+            )
+            # what runs above its floors keeps its place in the shared part and loans
+            assert pooled(leases[m]) >= min(pooled(unmoved[m]), above), (m, dim)
 
 
 @settings(max_examples=150, deadline=None)

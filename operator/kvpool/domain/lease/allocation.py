@@ -39,6 +39,15 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    :mod:`.model`).
 6. **Slack.** The shared remainder no one waits for is spread over the active replicas
    (any demand in the last few seconds), so a burst starts without waiting for a renewal.
+7. **Consolidation.** Steps 1-5 each cut their part in whole requests, but the pieces of
+   several steps can still leave a replica more than the requests it starts and less
+   than its next one, at two or three replicas at once: idle, while each of their
+   queues waits. Walking each replica's lease as its dispatcher would, the shared and
+   loaned part left idle where queues still wait goes to the replica whose next request
+   it completes (highest priority, then least lacking, first; one request a receiver a
+   renewal). Only the shared part and loans move (a borrower does not care whose they
+   are), so every group's sum is unchanged; a loan never moves onto a replica whose own
+   idle floor it is booked on.
 
 Tenants' ``maxConcurrency``: split max-min fair over the replicas' peak in-flight+queued
 requests of the tenant, the rest in equal parts over every replica (a limit is no
@@ -226,6 +235,9 @@ class _Dimension:
         self.loans: dict[str, dict[str, int]] = {m: {} for m in self.members}
         self.standby: dict[str, dict[str, int]] = {m: {} for m in self.members}
         self.standing: dict[str, dict[str, int]] = {m: {} for m in self.members}  # booked on
+        self.need: dict[str, dict[str, int]] = {}  # what still waits, after :meth:`run`
+        # per borrower and lender tier, the members whose idle floor its loans are booked on
+        self.booked: dict[str, dict[str, dict[str, int]]] = {m: {} for m in self.members}
 
     def place_floors(self) -> None:
         for tier in self.plan.tiers:
@@ -249,6 +261,7 @@ class _Dimension:
         self._loan(need, idle)
         for member, amount in spread(left, dict.fromkeys(self.active or self.members, 1)).items():
             self.shared[member] += amount
+        self.need = need
 
     def _covered(self, need: dict[str, dict[str, int]], tier: str) -> dict[str, int]:
         """Per member, how much of the tier's demand the allocation meets so far."""
@@ -390,7 +403,46 @@ class _Dimension:
             if lender not in self.plan.preempt:
                 self.floors[member][lender] -= take
             booked += take
+            if take > 0:
+                on = self.booked[borrower].setdefault(lender, {})
+                on[member] = on.get(member, 0) + take
         return booked
+
+    # -- consolidation (step 7) ------------------------------------------------------------
+
+    def move(self, donor: str, receiver: str, amount: int) -> int:
+        """Move up to ``amount`` of ``donor``'s shared part and loans to ``receiver`` (the
+        shared part first, then the largest loans); a loan moves with its booking, never
+        onto a member whose own idle floor it is booked on. Returns what moved."""
+        take = min(amount, self.shared[donor])
+        self.shared[donor] -= take
+        self.shared[receiver] += take
+        moved = take
+        for lender in sorted(self.loans[donor], key=lambda t: (-self.loans[donor][t], t)):
+            if moved >= amount:
+                break
+            take = self._move_booking(
+                donor, lender, receiver, min(amount - moved, self.loans[donor][lender])
+            )
+            self.loans[donor][lender] -= take
+            self.loans[receiver][lender] = self.loans[receiver].get(lender, 0) + take
+            moved += take
+        _settle_need(self.need[receiver], -moved, self.plan.tiers)
+        _settle_need(self.need[donor], moved, self.plan.tiers)
+        return moved
+
+    def _move_booking(self, donor: str, lender: str, receiver: str, amount: int) -> int:
+        on = self.booked[donor].get(lender, {})
+        into = self.booked[receiver].setdefault(lender, {})
+        moved = 0
+        for member in sorted(on):
+            if member == receiver or moved >= amount:
+                continue
+            take = min(on[member], amount - moved)
+            on[member] -= take
+            into[member] = into.get(member, 0) + take
+            moved += take
+        return moved
 
 
 def _stand_by(plan: LeasePlan, dims: Sequence[_Dimension]) -> None:
@@ -410,6 +462,158 @@ def _stand_by(plan: LeasePlan, dims: Sequence[_Dimension]) -> None:
             if all(d.book_standby(member, tier, want, dry=True) for d, want in wants):
                 for d, want in wants:
                     d.book_standby(member, tier, want, dry=False)
+
+
+def _consolidate(
+    plan: LeasePlan, reports: Mapping[str, Report], dims: Sequence[_Dimension]
+) -> None:
+    """Consolidation (module docstring, step 7), in both dimensions at once: a replica
+    whose queues still wait after the requests its lease starts (as its dispatcher would
+    start them, :func:`_next_start`) holds the shared and loaned left-over idle; it goes
+    to another such replica whose next request it completes, highest priority and
+    nearest to starting first, one request per receiver and renewal."""
+    rank = {t: i for i, t in enumerate(plan.tiers)}
+    receivers: set[str] = set()
+    donors: set[str] = set()
+
+    def waiting() -> dict[str, tuple[str, dict[str, int], dict[str, int]]]:
+        out = {}
+        for member in dims[0].members:
+            found = _next_start(plan, reports[member], member, dims)
+            if found is not None:
+                out[member] = found
+        return out
+
+    first = waiting()
+    order = sorted(
+        first, key=lambda m: (rank[first[m][0]], first[m][1]["tokens"], first[m][1]["slots"], m)
+    )
+    for member in order:
+        now = waiting()
+        if member in donors or member not in now:
+            continue
+        _, lack, _ = now[member]
+        wants = {d.dim: min(lack[d.dim], sum(d.need[member].values())) for d in dims}
+        givers = [m for m in now if m != member and m not in receivers]
+        if not all(sum(now[m][2][d.dim] for m in givers) >= wants[d.dim] for d in dims):
+            continue
+        for d in dims:
+            want = wants[d.dim]
+            for giver in sorted(givers, key=lambda m: (-now[m][2][d.dim], m)):
+                if want <= 0:
+                    break
+                moved = d.move(giver, member, min(want, now[giver][2][d.dim]))
+                want -= moved
+                if moved:
+                    donors.add(giver)
+        receivers.add(member)
+
+
+def _next_start(
+    plan: LeasePlan, report: Report, member: str, dims: Sequence[_Dimension]
+) -> tuple[str, dict[str, int], dict[str, int]] | None:
+    """Whether ``member``'s queues still wait under the allocation so far, walked as its
+    dispatcher would (tiers by priority, each head request inside its own floor, else
+    borrowing the shared part, the loans and the others' idle lendable floors; once a
+    tier's next request cannot start, lower tiers start only inside their floors), with
+    every queued request the size of its tier's head. None when nothing waits; else the
+    first tier that waits, what it lacks to start its next request, and the shared and
+    loaned part left idle (per dimension)."""
+    own: dict[str, dict[str, int]] = {}  # per dimension and tier: its idle floor
+    lendable: dict[str, dict[str, int]] = {}
+    pool: dict[str, int] = {}  # the shared part and the loans, less what runs above floors
+    for d in dims:
+        floors = d.floors[member]
+        room = {t: floors[t] + d.standby[member].get(t, 0) - d.held[member][t] for t in plan.tiers}
+        pool[d.dim] = d.shared[member] + sum(d.loans[member].values())
+        pool[d.dim] -= sum(max(0, -r) for r in room.values())
+        own[d.dim] = {t: max(0, r) for t, r in room.items()}
+        lendable[d.dim] = {
+            t: min(own[d.dim][t], floors[t] * plan.lend_percent.get(t, 0) // 100)
+            for t in plan.tiers
+        }
+    slots = next(d for d in dims if d.dim == "slots")
+    found: tuple[str, dict[str, int], dict[str, int]] | None = None
+    for tier in plan.tiers:
+        head = report.demand(tier).head_tokens
+        queued = slots.now[member][tier] - slots.held[member][tier]  # requests waiting
+        if head <= 0 or queued <= 0:
+            continue
+        size = {"tokens": head, "slots": 1}
+        while queued > 0:
+            if all(own[k][tier] >= v for k, v in size.items()):
+                for k, v in size.items():
+                    own[k][tier] -= v
+                    lendable[k][tier] = min(lendable[k][tier], own[k][tier])
+            elif found is None and all(
+                _reach(own, lendable, pool, k, tier) >= v for k, v in size.items()
+            ):
+                for k, v in size.items():
+                    _take(own, lendable, pool, k, tier, v)
+            else:
+                break
+            queued -= 1
+        if queued > 0 and found is None:
+            lack = {k: max(0, size[k] - _reach(own, lendable, pool, k, tier)) for k in size}
+            found = (tier, lack, {})
+    if found is None:
+        return None
+    return found[0], found[1], {k: max(0, v) for k, v in pool.items()}
+
+
+def _reach(
+    own: dict[str, dict[str, int]],
+    lendable: dict[str, dict[str, int]],
+    pool: dict[str, int],
+    dim: str,
+    tier: str,
+) -> int:
+    """What a request of ``tier`` may start on: its idle floor, the pool, and the idle
+    lendable floors of the other tiers."""
+    others = sum(v for t, v in lendable[dim].items() if t != tier)
+    return own[dim][tier] + pool[dim] + others
+
+
+def _take(
+    own: dict[str, dict[str, int]],
+    lendable: dict[str, dict[str, int]],
+    pool: dict[str, int],
+    dim: str,
+    tier: str,
+    amount: int,
+) -> None:
+    """Start ``amount`` of ``tier`` on its idle floor, then the pool, then the others'
+    idle lendable floors (lowest priority first)."""
+    take = min(amount, own[dim][tier])
+    own[dim][tier] -= take
+    lendable[dim][tier] = min(lendable[dim][tier], own[dim][tier])
+    amount -= take
+    take = min(amount, max(0, pool[dim]))
+    pool[dim] -= take
+    amount -= take
+    for lender in reversed(list(lendable[dim])):
+        if amount <= 0:
+            break
+        if lender == tier:
+            continue
+        take = min(amount, lendable[dim][lender])
+        lendable[dim][lender] -= take
+        own[dim][lender] -= take
+        amount -= take
+
+
+def _settle_need(need: dict[str, int], change: int, tiers: Sequence[str]) -> None:
+    """Add ``change`` to what waits (a negative one from the highest-priority tier that
+    waits, a positive one to it), keeping every figure at least zero."""
+    if change >= 0:
+        tier = next((t for t in tiers if need[t] > 0), tiers[0])
+        need[tier] += change
+        return
+    left = -change
+    for tier in tiers:
+        take = min(left, need[tier])
+        need[tier] -= take
+        left -= take
 
 
 def _per_slot(amount: Amount) -> int:
@@ -461,6 +665,7 @@ def plan_leases(plan: LeasePlan, reports: Mapping[str, Report]) -> dict[str, Lea
     _stand_by(plan, list(by_dim.values()))
     for allocation in by_dim.values():
         allocation.run()
+    _consolidate(plan, reports, list(by_dim.values()))
     tokens, slots = by_dim["tokens"], by_dim["slots"]
     members = tokens.members
     tenants = _tenant_shares(plan, reports, members)
