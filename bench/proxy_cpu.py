@@ -10,8 +10,9 @@ same traffic in the same run.
 One fake OpenAI-compatible engine (its own process: it answers at once, 16 streamed
 tokens, so what is measured is the proxies' work, not an engine's) behind both proxies:
 
-- ``kvpool``: ``kvpool gateway`` with the tiny model's real tokenizer (the exact count, as
-  a pool with ``tokenizerPath`` runs) and a plan so large that admission never queues;
+- ``kvpool``: ``kvpool gateway`` with the tiny model's real tokenizer (exact counts, and
+  prompts over 16 KiB by the learned bound once 8 were counted, as a pool with
+  ``tokenizerPath`` runs; docs/0009) and a plan so large that admission never queues;
 - ``vllm-router``: ``vllm-router --policy cache_aware`` over the same engine
   (scripts/ensure-vllm-router.sh installs it).
 

@@ -588,6 +588,36 @@ async def test_session_pool_reuses_connections(
     assert sum(len(v) for v in connector._conns.values()) == 1  # one pooled keep-alive
 
 
+async def test_long_prompts_are_sized_by_the_learned_bound_after_exact_counts(
+    fake_engine: FakeEngine, gateway_client: GatewayClientFactory, tiny_tokenizer_json: Path
+) -> None:
+    """Docs/0009: eight long chats are counted exactly (the pool's ratio is learned), the
+    next ones by the bound; each is served, the upstream keeps the caller's max_tokens,
+    and the metric tells the methods apart."""
+    config = standard_admission_config(
+        [fake_engine.url],
+        max_model_len=1 << 20,
+        tokenizer_path=tiny_tokenizer_json,
+        tokens_per_replica=1 << 22,
+    )
+    client, gateway = await gateway_client(config.obj())
+    words = ["the", "model", "serves", "tokens", "quickly", "and", "a", "request", "waits"]
+    for i in range(10):
+        text = " ".join(words[(i + j) % len(words)] for j in range(5000))  # ~28 KB
+        resp = await client.post(
+            "/v1/chat/completions", json=chat(text, max_tokens=40), headers=ACME
+        )
+        assert resp.status == 200, await resp.text()
+    assert [r.get("max_completion_tokens", r.get("max_tokens")) for r in fake_engine.received] == [
+        40
+    ] * 10
+    text = await (await client.get("/metrics")).text()
+    assert 'kvpool_gateway_estimates_total{method="tokenizer",pool="tiny"} 8.0' in text
+    assert 'kvpool_gateway_estimates_total{method="bound",pool="tiny"} 2.0' in text
+    snap = gateway.registry.runtimes["tiny"].snapshot()
+    assert (snap.in_use_tokens, snap.in_flight) == (0, 0)
+
+
 def _word_tokenizer(folder: Path, template: str | None) -> Path:
     """A word-level tokenizer.json (and a chat template) built on the spot."""
     vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", "hello", "world", "<|user|>", "</s>"])}

@@ -38,7 +38,12 @@ gateway is no stricter than the engine). Admission may later reserve less than t
 other scripts, so 3 leans towards over-reservation; the per-message term covers template
 markup. The estimate is flagged (``Estimate.estimated``). Because it can be wrong both
 ways, a length refusal based on it uses a *lower bound*, ``ceil(utf8_bytes / 8)``: only a
-prompt too long even then is refused; otherwise the engine has the final word.
+prompt too long even then is refused; otherwise the engine has the final word. A long
+prompt may also come sized by a learned upper bound instead of its exact count
+(``PromptSize.bound``, :mod:`kvpool.domain.prompt_bound`): it is reserved as given,
+flagged like the fallback, and refused by the same lower bound; its upstream
+``max_tokens`` is the caller's own (or the room above the lower bound), never the room
+above the bound, which would cut an output near the context short.
 
 Worked example (maxModelLen 4096, one replica of 16384 tokens and 16 slots)::
 
@@ -79,6 +84,7 @@ class PromptSize:
     tokens: int | None  # exact count (tokenizer, chat template applied), or None
     utf8_bytes: int = 0  # UTF-8 length of the prompt text (all message contents for chat)
     messages: int = 0  # chat messages (0 for completions)
+    bound: bool = False  # ``tokens`` is an upper bound (kvpool.domain.prompt_bound), not exact
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class Estimate:
     prompt_tokens: int  # prompt tokens held by all sequences (n per prompt)
     output_tokens: int  # the engine's output bound, summed over all sequences
     sequences: int = 1  # prompts x n: one slot each
-    estimated: bool = False  # True when a prompt count is the byte-based fallback
+    estimated: bool = False  # True when a prompt count is not exact (bytes or a bound)
     output_source: OutputSource = "max_tokens"  # context_bounded: the context clamps it
     output_limit: int = 0  # per-sequence max_tokens to set upstream (0: not computed)
     reserve_tokens: int | None = None  # KV reservation when below the charge (None: charge)
@@ -192,6 +198,10 @@ def decide_estimate(
             estimated = True
             prompt = estimate_prompt_tokens(size.utf8_bytes, size.messages)
             certain = prompt_tokens_lower_bound(size.utf8_bytes)
+        elif size.bound:  # at least what the engine will count: reserve it, refuse by bytes
+            estimated = True
+            prompt = max(0, size.tokens)
+            certain = prompt_tokens_lower_bound(size.utf8_bytes)
         else:
             prompt = certain = max(0, size.tokens)
         if certain >= limit:
@@ -208,7 +218,9 @@ def decide_estimate(
         room = limit - prompt
         output = room if max_tokens is None or max_tokens >= room else max_tokens
         clamped = clamped or (output == room and (max_tokens is None or max_tokens > room))
-        widest = max(widest, output)
+        # a bound over-states the prompt: the upstream cap must not cut the room the
+        # engine leaves (the charge, prompt + output <= max_model_len, still covers it)
+        widest = max(widest, output if not size.bound else max_tokens or limit - certain)
         total_prompt += n * prompt
         total_output += n * output
     sequences = n * len(sizes)

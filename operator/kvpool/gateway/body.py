@@ -36,7 +36,12 @@ p99 under 100 ms and a peak under 200 MiB). Here:
 - **time bound**: a count that does not finish within ``tokenize_seconds`` (5 s, queueing
   included) is abandoned for the byte-based fallback estimate (the request goes on; the
   worker finishes in the background). Parsing, which cannot fall back, is bounded by
-  ``parse_seconds`` (10 s; then 503 ``body_timeout`` with Retry-After).
+  ``parse_seconds`` (10 s; then 503 ``body_timeout`` with Retry-After);
+- **long prompts by a bound**: once the pool's exact counts have taught it its tokens per
+  byte, a prompt over 16 KiB is sized by a learned upper bound from a 4 KiB sample of it
+  instead of being tokenized whole (:mod:`kvpool.domain.prompt_bound`; every 16th still
+  counted exactly, and the engine's reported prompt tokens correct the ratio). Each
+  gateway replica learns its own ratio: it is an estimate, nothing is shared or owed.
 """
 
 from __future__ import annotations
@@ -49,6 +54,14 @@ from typing import Any
 
 from kvpool.adapters.tokenizer import LoadedTokenizer, TokenizerCache
 from kvpool.api.admission_config import CompiledPool
+from kvpool.domain.estimate import PromptSize
+from kvpool.domain.prompt_bound import (
+    SAMPLE_BYTES,
+    SizeByBound,
+    TokenRatio,
+    bound_tokens,
+    decide_prompt_bound,
+)
 from kvpool.gateway.errors import OVERLOADED, GatewayError
 from kvpool.gateway.request import Kind, ParsedRequest, parse_request
 
@@ -91,6 +104,7 @@ class BodyWorker:
         self._tokenize = ThreadPoolExecutor(tokenize_workers, thread_name_prefix="kvpool-tok")
         self._longest: dict[str, int] = {}  # tokenizer path -> longest token (bytes)
         self._limits: dict[tuple[tuple[str | None, int], ...], int] = {}
+        self._ratios: dict[str, TokenRatio] = {}  # pool -> what its exact counts taught
 
     def close(self) -> None:
         """Stop the workers (running ones finish in the background)."""
@@ -145,6 +159,50 @@ class BodyWorker:
                 1.0,
             ) from exc
 
+    async def size_prompt(
+        self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any, utf8_bytes: int
+    ) -> PromptSize:
+        """The size of the chat (``prompt`` None) or of one completions prompt: a long
+        prompt by the learned bound once the pool's ratio is known, else its exact count
+        (:meth:`count_prompt`), which teaches the ratio."""
+        messages = len(parsed.messages) if parsed.messages is not None else 0
+        ratio = self._ratios.setdefault(pool.name, TokenRatio())
+        tokenizer = self.tokenizers.peek(pool.tokenizer_path)
+        longest = self._longest.get(tokenizer.path) if tokenizer is not None else None
+        if (
+            tokenizer is not None
+            and longest is not None
+            and (parsed.messages is not None or isinstance(prompt, str))
+            and utf8_bytes <= pool.max_model_len * longest
+        ):
+            decision = decide_prompt_bound(ratio, utf8_bytes)
+            if isinstance(decision, SizeByBound):
+                sample = prompt_sample(parsed.messages, prompt, SAMPLE_BYTES // 2)
+                try:
+                    sample_tokens = tokenizer.count_text(sample, special=False)
+                except Exception as exc:  # content the tokenizer cannot encode
+                    log.debug("tokenizer failed on a prompt sample: %s", exc)
+                else:
+                    tokens = bound_tokens(
+                        decision.learned,
+                        sample_tokens,
+                        len(sample.encode()),
+                        utf8_bytes,
+                        messages,
+                    )
+                    return PromptSize(tokens, utf8_bytes, messages, bound=True)
+        count = await self.count_prompt(pool, parsed, prompt, utf8_bytes)
+        if count is not None:
+            ratio.observe(count, utf8_bytes)
+        return PromptSize(count, utf8_bytes, messages)
+
+    def engine_counted(self, pool: str, prompt_tokens: int, utf8_bytes: int) -> None:
+        """The engine reported ``prompt_tokens`` for a prompt sized by the bound: an exact
+        count too, so a bound found short raises the ratio for the next long prompt."""
+        ratio = self._ratios.get(pool)
+        if ratio is not None:
+            ratio.observe(prompt_tokens, utf8_bytes)
+
     async def count_prompt(
         self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any, utf8_bytes: int
     ) -> int | None:
@@ -179,6 +237,52 @@ class BodyWorker:
                 self.tokenize_seconds,
             )
             return None
+
+
+def prompt_sample(messages: list[dict[str, Any]] | None, prompt: Any, chars: int) -> str:
+    """The first and the last ``chars`` characters of a prompt's text (the contents of a
+    chat's messages in order), without joining the whole text."""
+    texts = _texts(messages, prompt)
+    return _head(texts, chars) + "\n" + _tail(texts, chars)
+
+
+def _texts(messages: list[dict[str, Any]] | None, prompt: Any) -> list[str]:
+    if messages is None:
+        if isinstance(prompt, str):
+            return [prompt]
+        return [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
+    texts: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+    return texts
+
+
+def _head(texts: list[str], chars: int) -> str:
+    taken: list[str] = []
+    for text in texts:
+        if chars <= 0:
+            break
+        taken.append(text[:chars])
+        chars -= len(taken[-1])
+    return "".join(taken)
+
+
+def _tail(texts: list[str], chars: int) -> str:
+    taken: list[str] = []
+    for text in reversed(texts):
+        if chars <= 0:
+            break
+        taken.append(text[-chars:])
+        chars -= len(taken[-1])
+    return "".join(reversed(taken))
 
 
 def _count(

@@ -21,7 +21,8 @@ Series (all prefixed ``kvpool_gateway_``):
   completed request; ``actual_tokens_total`` never exceeds it;
 - ``reserved_tokens_total{pool}`` / ``actual_tokens_total{pool}`` and
   ``estimate_error_tokens{pool}`` histogram (reserved - actual) per completed request;
-- ``estimates_total{pool,method}``: prompt counts by ``tokenizer`` or ``fallback``;
+- ``estimates_total{pool,method}``: prompt sizes by ``tokenizer`` (exact), ``bound`` (a
+  long prompt's learned bound) or ``fallback`` (bytes);
 - ``tokenizer_fallback{pool}`` gauge: 1 while the pool has no loadable tokenizer (no
   ``tokenizerPath``, or nothing readable there) and prompts are counted by the byte estimate;
 - ``redis_errors_total{op}``: budget store calls that failed or timed out;
@@ -174,7 +175,7 @@ class GatewayMetrics:
         )
         self.estimates = Counter(
             p + "estimates",
-            "Prompt token counts by method: tokenizer (exact) or fallback (bytes).",
+            "Prompt sizes by method: tokenizer (exact), bound (learned) or fallback (bytes).",
             ["pool", "method"],
             registry=r,
         )

@@ -16,7 +16,9 @@ decision benchmark can drive it directly:
    may not use it;
 4. estimate (``decide_estimate``, the engine's rules) with the pool's tokenizer; parsing,
    chat template and tokenization run on worker threads within size and time bounds
-   (:mod:`kvpool.gateway.body`), never on the event loop;
+   (:mod:`kvpool.gateway.body`), never on the event loop; a long prompt is sized by a
+   learned bound instead (:mod:`kvpool.domain.prompt_bound`), which the engine's reported
+   prompt tokens correct at step 8;
 5. budget: charge the *bound* (prompt + all the engine may generate); over budget -> 429
    with ``Retry-After``, or, for ``overBudget: Demote`` tenants, the next lower tier the
    tenant may use (a demoted request is not charged); Redis down and the tier declares
@@ -124,6 +126,7 @@ class Admission:
     charge: BudgetCharge | None
     demoted: bool
     started: float  # request_clock() at arrival
+    bounded_bytes: int = 0  # its one prompt's UTF-8 bytes when sized by the bound
     on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
     released: bool = False  # its reservation was given back (release() is idempotent)
 
@@ -166,24 +169,25 @@ class RequestPipeline:
             raise UNAUTHORIZED
         return tenant
 
-    async def _count_prompt(
+    async def _size_prompt(
         self, pool: CompiledPool, parsed: ParsedRequest, prompt: Any, utf8_bytes: int
-    ) -> int | None:
-        """The exact token count of the chat (``prompt`` None) or of one completions prompt,
-        counted off the event loop within the body worker's bounds."""
-        count = await self.body.count_prompt(pool, parsed, prompt, utf8_bytes)
-        self.metrics.estimates.labels(
-            pool.name, "tokenizer" if count is not None else "fallback"
-        ).inc()
-        return count
+    ) -> PromptSize:
+        """The size of the chat (``prompt`` None) or of one completions prompt: exact, or a
+        long prompt's learned bound, worked out off the event loop within the body
+        worker's bounds."""
+        size = await self.body.size_prompt(pool, parsed, prompt, utf8_bytes)
+        method = "bound" if size.bound else "tokenizer" if size.tokens is not None else "fallback"
+        self.metrics.estimates.labels(pool.name, method).inc()
+        return size
 
-    async def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> Estimate:
+    async def _estimate(self, pool: CompiledPool, parsed: ParsedRequest) -> tuple[Estimate, int]:
+        """The estimate, and the UTF-8 bytes of its prompt when it is one prompt sized by
+        the bound (0 otherwise: the engine's report of it then teaches nothing new)."""
         if parsed.messages is not None:
-            count = await self._count_prompt(pool, parsed, None, parsed.prompt_utf8_bytes)
-            prompts = [PromptSize(count, parsed.prompt_utf8_bytes, len(parsed.messages))]
+            prompts = [await self._size_prompt(pool, parsed, None, parsed.prompt_utf8_bytes)]
         else:
             prompts = [
-                PromptSize(await self._count_prompt(pool, parsed, prompt, size), size)
+                await self._size_prompt(pool, parsed, prompt, size)
                 for prompt, size in zip(parsed.prompts, parsed.prompt_sizes, strict=True)
             ]
         verdict = decide_estimate(pool, prompts=prompts, max_tokens=parsed.max_tokens, n=parsed.n)
@@ -192,7 +196,8 @@ class RequestPipeline:
             if param == "prompt" and parsed.messages is not None:
                 param = "messages"
             raise error_for(verdict.reason, verdict.message, param=param)
-        return verdict
+        bounded = prompts[0].utf8_bytes if len(prompts) == 1 and prompts[0].bound else 0
+        return verdict, bounded
 
     async def _charge(
         self,
@@ -273,7 +278,7 @@ class RequestPipeline:
             raise error_for(classified.reason, classified.message)
         tier = classified.tier
         try:
-            estimate = await self._estimate(pool, parsed)
+            estimate, bounded_bytes = await self._estimate(pool, parsed)
         except GatewayError:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
@@ -324,6 +329,7 @@ class RequestPipeline:
             charge=charge,
             demoted=demoted,
             started=started,
+            bounded_bytes=bounded_bytes,
             # its replica's prefill hold ends at the first token
             on_first_token=(
                 partial(runtime.first_token, verdict.reservation_id)
@@ -366,6 +372,10 @@ class RequestPipeline:
             engine_reported=usage.reported,
         )
         self.release(admission, usage)
+        if admission.bounded_bytes and usage.reported and usage.prompt_tokens:
+            self.body.engine_counted(
+                admission.pool.name, usage.prompt_tokens, admission.bounded_bytes
+            )
         if admission.charge is not None:
             await self._settle(admission.charge, charged)
         self._record(admission, outcome)
