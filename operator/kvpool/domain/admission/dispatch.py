@@ -19,7 +19,10 @@ starts nothing, so the queue is always at a fixed point.
 Sizes: inside its floor a request reserves its whole (learned) need; above it, the
 overcommitted ``borrow_tokens`` (:mod:`.adaptation`). ``reclaim: Preempt`` lets a request
 inside its floor start over lower-priority borrowers (the engine's priority scheduler
-preempts them), bounded by what those borrowers hold above their floors.
+preempts them), bounded by what those borrowers hold above their floors - also when the
+pool has room for it but in pieces no one replica holds (each replica a little short),
+where it starts on the replica whose lower-priority reservations make room: the pool
+stays within its plan, and the engine preempts at most the request's size there.
 """
 
 from __future__ import annotations
@@ -140,6 +143,12 @@ class Dispatcher:
         replica: ReplicaState | None = None
         if state.replicas:
             replica = self._pick_replica(tier, size, req.track, preempts, now)
+            if replica is None and not preempts and within and inside and tier.reclaim == "Preempt":
+                # the pool has room for it, but in pieces no one replica holds: waiting
+                # would hold a floor request for a borrower's whole life (seconds) while
+                # the pool is within its plan; take the lent floor back on one replica
+                replica = self._pick_replica(tier, size, req.track, True, now)
+                preempts = replica is not None
             if replica is None:
                 return None
         borrowed_from: tuple[str, ...] = ()
