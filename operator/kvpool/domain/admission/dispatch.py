@@ -130,27 +130,22 @@ class Dispatcher:
             return None
         size = req.amount if inside else Amount(req.borrowing_tokens, req.slots)
         pos = position(state, tier, size, None if within else wants)
+        # a Preempt tier's floor request may start over lower-priority borrowers: when the
+        # pool has no room (bounded by what they hold above their floors), and when it has
+        # room but in pieces no one replica holds (the pool stays within its plan)
+        reclaims = within and inside and tier.reclaim == "Preempt"
         preempts = False
         if not pos.feasible:
-            if not (
-                within
-                and inside
-                and tier.reclaim == "Preempt"
-                and pos.deficit.fits_in(pos.lower_over)
-            ):
+            if not (reclaims and pos.deficit.fits_in(pos.lower_over)):
                 return None
             preempts = True
         replica: ReplicaState | None = None
         if state.replicas:
-            replica = self._pick_replica(tier, size, req.track, preempts, now)
-            if replica is None and not preempts and within and inside and tier.reclaim == "Preempt":
-                # the pool has room for it, but in pieces no one replica holds: waiting
-                # would hold a floor request for a borrower's whole life (seconds) while
-                # the pool is within its plan; take the lent floor back on one replica
-                replica = self._pick_replica(tier, size, req.track, True, now)
-                preempts = replica is not None
-            if replica is None:
+            picked = self._pick_replica(tier, size, req.track, reclaims, now)
+            if picked is None:
                 return None
+            replica, on_replica = picked
+            preempts = preempts or on_replica
         borrowed_from: tuple[str, ...] = ()
         if not inside:
             borrowed_from = borrow_sources(state, tier, size)
@@ -178,15 +173,17 @@ class Dispatcher:
         )
 
     def _pick_replica(
-        self, tier: TierState, size: Amount, track: str | None, preempts: bool, now: float
-    ) -> ReplicaState | None:
-        """The least-reserved open replica of the track that holds the request (None: wait)."""
+        self, tier: TierState, size: Amount, track: str | None, may_preempt: bool, now: float
+    ) -> tuple[ReplicaState, bool] | None:
+        """The least-reserved open replica of the track that holds the request, and whether
+        it holds it only by preempting lower-priority reservations (replicas that hold it
+        without are preferred; None: wait)."""
         state = self.state
         open_replicas = [
             r for r in state.replicas.values() if not self.holds.blocks(r, tier.rank, now)
         ]
         views: Sequence[ReplicaView] = (
-            [r.load(tier.rank) for r in open_replicas] if preempts else open_replicas
+            [r.load(tier.rank) for r in open_replicas] if may_preempt else open_replicas
         )
         choice = decide_replica(
             views,
@@ -195,8 +192,8 @@ class Dispatcher:
             tokens_per_replica=state.pool.tokens_per_replica,
             slots_per_replica=state.pool.slots_per_replica,
             track=track,
-            allow_preempt=preempts,
+            allow_preempt=may_preempt,
         )
         if isinstance(choice, NoReplica):
             return None
-        return state.replicas[choice.name]
+        return state.replicas[choice.name], choice.preempts
