@@ -16,10 +16,22 @@ from pathlib import Path
 import pytest
 
 from kvpool.adapters.tokenizer import TokenizerCache
+from kvpool.api.admission_config import CompiledPool
 from kvpool.domain.estimate import PromptSize
 from kvpool.gateway.body import BodyWorker
 from kvpool.gateway.request import ParsedRequest
 from tests.builders import AdmissionConfigBuilder
+
+
+def _tiny_pool(tokenizer: Path, max_model_len: int) -> CompiledPool:
+    """One pool of the tiny model with its real tokenizer."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", 50)
+        .pool("tiny", ["http://127.0.0.1:9"], tokenizer_path=tokenizer, max_model_len=max_model_len)
+        .obj()
+        .pools[0]
+    )
 
 
 def _chat(words: int) -> bytes:
@@ -38,15 +50,7 @@ async def test_small_bodies_are_handled_on_the_loop(
     tiny_tokenizer_json: Path, words: int, inline: bool
 ) -> None:
     worker = BodyWorker(TokenizerCache())
-    pool = (
-        AdmissionConfigBuilder()
-        .tier("interactive", 50)
-        .pool(
-            "tiny", ["http://127.0.0.1:9"], tokenizer_path=tiny_tokenizer_json, max_model_len=8192
-        )
-        .obj()
-        .pools[0]
-    )
+    pool = _tiny_pool(tiny_tokenizer_json, max_model_len=8192)
     raw = _chat(words)
     assert (len(raw) <= worker.inline_bytes) is inline
     await worker.body_limit([pool], 8 << 20)  # loads the tokenizer's longest token once
@@ -67,18 +71,7 @@ async def test_counting_a_long_prompt_on_a_worker_leaves_the_loop_running(
     # 100k-token prompt (~130 ms) the loop, waiting for the GIL, ran 0-3 turns. The batch
     # call releases it, so the loop keeps relaying streams meanwhile.
     worker = BodyWorker(TokenizerCache())
-    pool = (
-        AdmissionConfigBuilder()
-        .tier("interactive", 50)
-        .pool(
-            "tiny",
-            ["http://127.0.0.1:9"],
-            tokenizer_path=tiny_tokenizer_json,
-            max_model_len=200_000,
-        )
-        .obj()
-        .pools[0]
-    )
+    pool = _tiny_pool(tiny_tokenizer_json, max_model_len=200_000)
     await worker.body_limit([pool], 64 << 20)  # loads the tokenizer and its longest token
     words = [f"w{i % 997}x{i % 13}" for i in range(60_000)]
     raw = json.dumps(
@@ -106,18 +99,7 @@ async def test_long_prompts_are_sized_by_a_bound_at_least_their_count(
     # within 25 % of it), and a prompt unlike the traffic (CJK, 1.0 token a byte, after
     # English words, 0.4) is caught by its own sample. Real tokenizer (the tiny model's).
     worker = BodyWorker(TokenizerCache())
-    pool = (
-        AdmissionConfigBuilder()
-        .tier("interactive", 50)
-        .pool(
-            "tiny",
-            ["http://127.0.0.1:9"],
-            tokenizer_path=tiny_tokenizer_json,
-            max_model_len=1 << 20,
-        )
-        .obj()
-        .pools[0]
-    )
+    pool = _tiny_pool(tiny_tokenizer_json, max_model_len=1 << 20)
     await worker.body_limit([pool], 64 << 20)  # loads the tokenizer and its longest token
     tokenizer = worker.tokenizers.peek(str(tiny_tokenizer_json))
     assert tokenizer is not None

@@ -161,15 +161,24 @@ class LoadedTokenizer:
                 return self.count_text(rendered, special=False)
         total = 0
         for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
             total += TOKENS_PER_MESSAGE_WITHOUT_TEMPLATE
-            if isinstance(content, str):
-                total += self.count_text(content, special=False)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        total += self.count_text(part["text"], special=False)
+            for text in message_texts(message):
+                total += self.count_text(text, special=False)
         return total
+
+
+def message_texts(message: Any) -> list[str]:
+    """The texts of one chat message: its string content, or the ``text`` of its parts."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+    return []
 
 
 def _raise(message: str) -> None:

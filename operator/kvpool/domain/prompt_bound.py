@@ -19,7 +19,8 @@ The rule (:func:`decide_prompt_bound`, pure; :class:`TokenRatio` holds what it l
   still every ``RECOUNT_EVERY``-th (16th) long prompt, so the ratio follows the traffic;
 - otherwise its bound is ``ceil(bytes x max(learned, its own sample) x MARGIN)`` plus
   ``TEMPLATE_TOKENS_PER_MESSAGE`` a message, where its own sample is the ratio of its first
-  and last ``SAMPLE_BYTES / 2`` bytes, tokenized (~0.5 ms): a prompt unlike the traffic
+  and last ``SAMPLE_BYTES / 2`` characters, tokenized (~0.5 ms; the ratio is over the
+  sample's UTF-8 bytes): a prompt unlike the traffic
   the ratio was learned from (code or CJK after English prose) is caught by its sample,
   not sized by someone else's text. ``MARGIN`` (1.05) covers the spread of ratios within
   a text;
@@ -41,13 +42,16 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvpool.domain.estimate import FALLBACK_TOKENS_PER_MESSAGE
+
 LONG_PROMPT_BYTES = 16 * 1024  # longer prompts may be sized by the bound
 SAMPLE_BYTES = 4 * 1024  # exact counts of prompts this long teach the ratio; own sample size
 SAMPLES = 32  # ratios kept
 MIN_SAMPLES = 8  # ratios needed before a long prompt is sized by the bound
 RECOUNT_EVERY = 16  # every so many long prompts, one is counted exactly
 MARGIN = 1.05  # over the largest ratio seen
-TEMPLATE_TOKENS_PER_MESSAGE = 8  # chat markup a message adds (role, separators)
+# chat markup a message adds (role, separators): the byte fallback's own figure
+TEMPLATE_TOKENS_PER_MESSAGE = FALLBACK_TOKENS_PER_MESSAGE
 
 
 @dataclass

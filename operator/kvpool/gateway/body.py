@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvpool.adapters.tokenizer import LoadedTokenizer, TokenizerCache
+from kvpool.adapters.tokenizer import LoadedTokenizer, TokenizerCache, message_texts
 from kvpool.api.admission_config import CompiledPool
 from kvpool.domain.estimate import PromptSize
 from kvpool.domain.prompt_bound import (
@@ -251,18 +251,7 @@ def _texts(messages: list[dict[str, Any]] | None, prompt: Any) -> list[str]:
         if isinstance(prompt, str):
             return [prompt]
         return [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
-    texts: list[str] = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(
-                part["text"]
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-            )
-    return texts
+    return [text for message in messages for text in message_texts(message)]
 
 
 def _head(texts: list[str], chars: int) -> str:
