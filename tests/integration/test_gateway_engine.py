@@ -98,29 +98,36 @@ async def test_the_gateway_reads_an_engine_load_as_a_full_parser_does(
     tiny_engine: VllmEngine,
 ) -> None:
     """The gateway scans a real engine's ``/metrics`` for four samples instead of parsing
-    all ~50 KB; it must read what a full parser reads, also with requests in flight."""
-    body = completion(max_tokens=200, ignore_eos=True)
+    all ~50 KB; it must read what a full parser reads, also with requests in flight.
+
+    The requests stream, and the readings are taken between each stream's first token and
+    its end: the engine is then running them for certain (a non-streaming burst could be
+    over before the first reading, which made this test miss the busy engine on CI)."""
+    body = completion(max_tokens=400, ignore_eos=True, stream=True)
     readings: list[tuple[EngineLoad, EngineLoad]] = []
     async with aiohttp.ClientSession(tiny_engine.base_url) as session:
-        in_flight = [
-            asyncio.create_task(session.post("/v1/completions", json=body)) for _ in range(10)
-        ]
+        streams = [await session.post("/v1/completions", json=body) for _ in range(4)]
+        try:
+            for stream in streams:
+                assert stream.status == 200, await stream.text()
+                await stream.content.readuntil(b"\n\n")  # its first token: it is running
 
-        async def read_while_busy() -> bool:
-            """One reading by both parsers; True once the engine reports them running."""
-            text = await (await session.get("/metrics")).text()
-            readings.append((parse_engine_metrics(text), reference_engine_load(text)))
-            return bool(readings[-1][0].running and readings[-1][0].kv_usage)
+            async def read_while_busy() -> bool:
+                """One reading by both parsers; True once it shows the requests running."""
+                text = await (await session.get("/metrics")).text()
+                readings.append((parse_engine_metrics(text), reference_engine_load(text)))
+                return bool(readings[-1][0].running and readings[-1][0].kv_usage)
 
-        # a cold engine may take seconds to start them
-        await wait_until_async(read_while_busy, 60, "the engine running the requests")
-        statuses = []
-        for response in await asyncio.gather(*in_flight):
-            statuses.append(response.status)
-            response.release()
+            # 400 tokens a stream: seconds of running after their first tokens
+            await wait_until_async(read_while_busy, 30, "the engine reporting them running")
+            still_streaming = [not stream.content.at_eof() for stream in streams]
+        finally:
+            for stream in streams:
+                stream.close()
     assert all(ours == reference for ours, reference in readings), readings
     last = readings[-1][0]
-    assert last.running > 0 and last.kv_usage > 0, (last, len(readings), statuses)
+    assert last.running > 0 and last.kv_usage > 0, (last, len(readings))
+    assert all(still_streaming), "a stream ended before the reading: the engine was not busy"
 
 
 @pytest.mark.parametrize(
