@@ -265,30 +265,3 @@ def test_admission_never_starts_what_a_moment_ahead_cannot_hold(data: st.DataObj
                 ctl.release(rid, now)
                 del running[rid]
         assert truth_peak(list(running.values())) <= total
-
-
-def test_a_peak_ratio_below_one_lends_part_of_the_busiest_moment_too() -> None:
-    """At ratio 0.9 the peak of 983 counts as 885: 98 tokens more are lent, which the
-    engines' preemptions (the ratio's controller) decide whether to keep lending."""
-    running = [
-        (400, growth(300, 100, chunks=80)),
-        (400, growth(300, 100, chunks=40)),
-        (300, growth(200, 100, chunks=0)),
-    ]
-    assert schedule_credit(running, margin=0, ratio=0.9) == 1100 - 885
-    assert schedule_credit(running, margin=0, ratio=1.0) == 117
-
-
-def test_lowering_the_peak_ratio_starts_what_then_fits_and_raising_it_starts_nothing() -> None:
-    ctl = one_replica_pool()
-    a, b = Chunks(), Chunks()
-    ctl.offer(streamed("a", 300, 100, a), 0.0)
-    ctl.offer(streamed("b", 300, 100, b), 0.0)
-    a.chunks = 91  # peak 727 (margin 8), credit 73
-    assert isinstance(ctl.offer(AdmissionRequest("c", "t", "only", 300), 1.0), Queue)
-    # 0.8 x 727 = 582: credit 218, and 1100 - 218 <= 1000
-    wakeups = ctl.set_peak_ratio(0.8, 2.0)
-    assert [w.request_id for w in wakeups.admitted] == ["c"]
-    assert ctl.snapshot().credit_tokens == 800 - 582 + 0  # c is not a stream
-    assert not ctl.set_peak_ratio(1.0, 3.0)  # back to 1: nothing more starts
-    assert ctl.snapshot().credit_tokens == 73

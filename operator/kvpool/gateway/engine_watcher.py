@@ -121,8 +121,6 @@ class EngineWatcher:
             self.metrics.engine_preemptions.labels(name).inc(new)
         verdict = adaptation.engines(new, usage)
         runtime.set_borrowing_paused(verdict.pause_borrowing)
-        runtime.set_peak_ratio(verdict.peak_ratio)
-        self.metrics.peak_ratio.labels(name).set(verdict.peak_ratio)
         self.metrics.borrowing_paused.labels(name).set(1 if verdict.pause_borrowing else 0)
         for tier in adaptation.tiers:
             self.metrics.overcommit_ratio.labels(name, tier.name).set(

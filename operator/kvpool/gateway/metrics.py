@@ -246,13 +246,6 @@ class GatewayMetrics:
             ["pool", "tier"],
             registry=r,
         )
-        self.peak_ratio = Gauge(
-            p + "peak_overcommit_ratio",
-            "Fraction at which the running streams' future peak is counted when their "
-            "schedule credit is lent (1: never past the plan at the busiest moment ahead).",
-            ["pool"],
-            registry=r,
-        )
         self.loop_lag = Histogram(
             p + "event_loop_lag_seconds",
             "How late the event loop ran a timer (every 50 ms): a stalled loop delays all.",

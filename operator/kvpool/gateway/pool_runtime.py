@@ -202,10 +202,6 @@ class PoolRuntime:
         """Pause (or resume) borrowing: the engines' measured KV usage is near the target."""
         self._each(lambda c: c.set_borrowing_paused(paused, self.now()))
 
-    def set_peak_ratio(self, ratio: float) -> None:
-        """Count the streams' future peak at ``ratio`` (the engines' preemptions tune it)."""
-        self._each(lambda c: c.set_peak_ratio(ratio, self.now()))
-
     def set_admission_until(self, until: float | None) -> None:
         """Start nothing from ``until`` (the loop's clock) on: the end of this replica's
         capacity lease (None: no end)."""

@@ -40,10 +40,6 @@ from kvpool.domain.admission.learning import OutputLearner, OvercommitRatio
 from kvpool.domain.admission.limiter import LentLimiter
 from kvpool.domain.estimate import Estimate
 
-# the busiest moment ahead may be planned at most 1 / 0.8 = 1.25 times the plan: with the
-# plan at 90 % of an engine's KV, about 12 % past the engine at that one moment
-PEAK_RATIO_MINIMUM = 0.8
-
 
 @dataclass(frozen=True)
 class EngineVerdict:
@@ -51,7 +47,6 @@ class EngineVerdict:
 
     ratio: float  # the overcommit ratio now in force for lower tiers
     pause_borrowing: bool  # measured KV usage is near the target: no new borrowers
-    peak_ratio: float = 1.0  # the fraction at which the streams' future peak is counted
 
 
 @dataclass
@@ -64,10 +59,6 @@ class PoolAdaptation:
     pause_usage: float = 0.97  # measured KV usage that pauses borrowing
     resume_margin: float = 0.05
     ratio: OvercommitRatio = field(default_factory=OvercommitRatio)
-    # the schedule credit's overcommit of the streams' future peak (:mod:`.schedule`)
-    peak: OvercommitRatio = field(
-        default_factory=lambda: OvercommitRatio(minimum=PEAK_RATIO_MINIMUM)
-    )
     learners: dict[str, OutputLearner] = field(default_factory=dict)
     limiters: dict[str, LentLimiter] = field(default_factory=dict)
     paused: bool = False
@@ -137,13 +128,12 @@ class PoolAdaptation:
     def engines(self, new_preemptions: int, max_usage: float | None) -> EngineVerdict:
         """One poll of the pool's engines: preemptions since the last poll, highest usage."""
         ratio = self.ratio.observe_poll(new_preemptions, max_usage)
-        peak_ratio = self.peak.observe_poll(new_preemptions, max_usage)
         if max_usage is not None:
             if max_usage >= self.pause_usage:
                 self.paused = True
             elif max_usage < self.pause_usage - self.resume_margin:
                 self.paused = False
-        return EngineVerdict(ratio=ratio, pause_borrowing=self.paused, peak_ratio=peak_ratio)
+        return EngineVerdict(ratio=ratio, pause_borrowing=self.paused)
 
     def tick(self, now: float) -> dict[str, int]:
         """The time is ``now`` (called on every engine poll round, answered or not): the

@@ -367,19 +367,6 @@ class AdmissionController:
         self._lending.paused = paused
         return self._wakeups([] if paused else self._dispatch(now), [])
 
-    def set_peak_ratio(self, ratio: float, now: float) -> Wakeups:
-        """Count the running streams' future peak at ``ratio`` (<= 1) of itself when lending
-        the schedule credit (:mod:`.schedule`): below 1, the pool admits until its busiest
-        moment ahead is ``1 / ratio`` times the plan. The I/O layer sets it from the
-        engines' preemptions (:class:`~.learning.OvercommitRatio`)."""
-        ratio = min(1.0, max(0.1, ratio))
-        if ratio == self._state.peak_ratio:
-            return self._wakeups([], [])
-        grew = ratio < self._state.peak_ratio
-        self._state.set_peak_ratio(ratio)
-        self._state.refresh_credit(now)  # a credit of the old ratio is read by no one
-        return self._wakeups(self._dispatch(now) if grew else [], [])
-
     def set_lent_limit(self, tier: str, limit: int | None, now: float) -> Wakeups:
         """At most ``limit`` requests of tiers below ``tier`` may run on borrowed capacity
         (None: no limit). Set by the TTFT limiter of a tier with a ``ttftP95Target``."""

@@ -53,7 +53,6 @@ streamed:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -99,20 +98,12 @@ def future_peak(curves: Iterable[tuple[int, int]]) -> int:
     return peak
 
 
-def schedule_credit(
-    growing: Iterable[tuple[int, Growth]], margin: int = DEFAULT_MARGIN, ratio: float = 1.0
-) -> int:
+def schedule_credit(growing: Iterable[tuple[int, Growth]], margin: int = DEFAULT_MARGIN) -> int:
     """What the growing requests ``(reserved tokens, growth)`` of one replica reserve
-    beyond their future peak (never negative: a ledger already below it stays).
-
-    ``ratio`` < 1 counts the peak at that fraction: the pool then admits until the peak
-    is ``1 / ratio`` times its plan, a bounded overcommit of the one busiest moment ahead
-    that the engines' preemptions tune (:class:`~.learning.OvercommitRatio`); 1 lends only
-    what no moment ahead needs."""
+    beyond their future peak (never negative: a ledger already below it stays)."""
     reserved = 0
     curves: list[tuple[int, int]] = []
     for tokens, growth in growing:
         reserved += tokens
         curves.append(growth.holding(margin))
-    peak = future_peak(curves)
-    return max(0, reserved - (peak if ratio >= 1.0 else math.ceil(peak * ratio)))
+    return max(0, reserved - future_peak(curves))

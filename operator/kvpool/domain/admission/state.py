@@ -49,7 +49,6 @@ class PoolState:
         self.whole: PoolState | None = None  # the whole plan, where ``pool`` is a lease of it
         self.credit = ZERO  # reserved beyond the future peak, over all replicas (tokens)
         self.margin = DEFAULT_MARGIN  # tokens a stream's chunk count may lag the engine
-        self.peak_ratio = 1.0  # the future peak counted at this fraction (<1: overcommit)
         self.apply_plan(pool, tiers)
 
     def apply_plan(
@@ -175,8 +174,7 @@ class PoolState:
                     for r in replica.growing.values()
                     if r.request.growth is not None
                 )
-                credit = schedule_credit(growing, self.margin, self.peak_ratio)
-                self._set_credit(replica, credit, now)
+                self._set_credit(replica, schedule_credit(growing, self.margin), now)
         return self.credit
 
     def _set_credit(self, replica: ReplicaState, tokens: int, at: float | None) -> None:
@@ -184,10 +182,3 @@ class PoolState:
             self.credit = Amount(self.credit.tokens + tokens - replica.credit_tokens, 0)
             replica.credit_tokens = tokens
         replica.credit_at = at
-
-    def set_peak_ratio(self, ratio: float) -> None:
-        """Count the future peak at ``ratio`` from now on (every credit is recomputed)."""
-        if ratio != self.peak_ratio:
-            self.peak_ratio = ratio
-            for replica in self.replicas.values():
-                replica.credit_at = None
