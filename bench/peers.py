@@ -402,6 +402,7 @@ async def sample(
             text = await fetch_text(session, gateway_metrics)
             point["gw_tokens_in_use"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "in_use")
             point["gw_tokens_total"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "total")
+            point["gw_credit"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "credit")
             point["gw_slots_in_use"] = labelled_sum(text, "kvpool_gateway_tier_slots", "in_use")
             sums = metric_sums(text)
             point["gw_queued"] = sums.get("kvpool_gateway_queued_requests", 0.0)

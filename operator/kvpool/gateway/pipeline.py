@@ -317,7 +317,7 @@ class RequestPipeline:
             follow = self.follow_streams and parsed.stream and estimate.sequences == 1
             adaptation = self.registry.adaptations.get(pool.name)
             if adaptation is not None:  # reserve what the tier's requests use, not the bound
-                estimate = adaptation.reserve(tier.name, estimate, followed=follow)
+                estimate = adaptation.reserve(tier.name, estimate)
             meter = UsageMeter()
             enforced = self.capacity.tenant_view(tenant, pool.name)  # this replica's limits
             areq = build_admission_request(

@@ -94,14 +94,10 @@ class PoolAdaptation:
         """The fraction of its learned output a request of ``tier`` reserves."""
         return 1.0 if tier == self.top else self.ratio.value
 
-    def reserve(self, tier: str, estimate: Estimate, *, followed: bool = False) -> Estimate:
+    def reserve(self, tier: str, estimate: Estimate) -> Estimate:
         """``estimate`` with its KV reservations set from what the tier's requests use:
         ``reserve_tokens`` (prompt + learned output) inside the tier's floor,
-        ``borrow_tokens`` (prompt + learned output x ratio) above it.
-
-        A ``followed`` request (its stream is followed for the schedule credit,
-        :mod:`.schedule`) is not overcommitted by the ratio: the credit lends what it
-        will not hold, computed from how far it is instead of guessed."""
+        ``borrow_tokens`` (prompt + learned output x ratio) above it."""
         if not self.learn or tier == self.top:
             return estimate
         learner = self.learners.get(tier)
@@ -111,9 +107,7 @@ class PoolAdaptation:
         per_sequence = learner.reserve_output(bound)
         output = min(estimate.output_tokens, per_sequence * estimate.sequences)
         tokens = min(estimate.tokens, estimate.prompt_tokens + output)
-        borrow = tokens
-        if not followed:
-            borrow = min(tokens, estimate.prompt_tokens + self.ratio.reserve(output))
+        borrow = min(tokens, estimate.prompt_tokens + self.ratio.reserve(output))
         return replace(estimate, reserve_tokens=tokens, borrow_tokens=borrow)
 
     def settled(

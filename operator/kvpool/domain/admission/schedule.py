@@ -18,6 +18,13 @@ like the shared remainder (:mod:`.feasibility`), so the engine fills up to the p
 busiest future moment instead of at the sum of everybody's last moment, and nothing is
 preempted as long as the requests keep to their expected outputs.
 
+**With the overcommit ratio.** A borrower may reserve less than its final size already
+(prompt + ratio x learned output, :class:`~.learning.OvercommitRatio`, tuned by the
+engines' preemptions). The credit is then what its reservation exceeds the peak by, and
+0 where the ratio went below it: a replica admits against the *smaller* of its ratio
+ledger and its streams' exact peak, so the credit never adds a preemption the ratio would
+not have risked.
+
 **The model.** On one engine every running sequence grows by one token a step and frees
 everything when it ends. A request that holds ``h`` tokens now and generates ``r`` more
 holds ``h + s`` at step ``s`` (``0 <= s <= r``), then nothing. A request that does not
