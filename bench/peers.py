@@ -97,10 +97,6 @@ QUIET_GAP = 185.0  # ... then at least 3 minutes released
 CONFIGS = ("chat-alone", "fcfs", "priority", "kvpool-1", "router-2", "kvpool-2")
 # --no-target-variant: kvpool-1 with interactive's ttftP95Target removed (no prefill holds)
 NO_TARGET = "kvpool-1-no-target"
-# --no-credit-variant: kvpool-1 and -2 with --no-schedule-credit (the code before the credit)
-NO_CREDIT = ("kvpool-1-no-credit", "kvpool-2-no-credit")
-VARIANTS = (NO_TARGET, *NO_CREDIT)
-PolicyEdit = Callable[[dict[str, Any]], None]
 SHARE_BUCKET_SECONDS = 5.0  # the output-share-over-time series (plot_peers.py draws it)
 
 
@@ -111,12 +107,8 @@ def without_ttft_target(policy: dict[str, Any]) -> None:
 
 
 def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
-    """The configs to run: ``--configs`` (any of them, variants included), else the
-    default ones and the variants asked for."""
-    if args.configs:
-        return tuple(c for c in (*CONFIGS, *VARIANTS) if c in args.configs)
-    every = CONFIGS + ((NO_TARGET,) if args.no_target_variant else ())
-    return every + (NO_CREDIT if args.no_credit_variant else ())
+    every = (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
+    return tuple(c for c in every if not args.configs or c in args.configs)
 
 
 @dataclass
@@ -402,7 +394,6 @@ async def sample(
             text = await fetch_text(session, gateway_metrics)
             point["gw_tokens_in_use"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "in_use")
             point["gw_tokens_total"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "total")
-            point["gw_credit"] = labelled_sum(text, "kvpool_gateway_pool_tokens", "credit")
             point["gw_slots_in_use"] = labelled_sum(text, "kvpool_gateway_tier_slots", "in_use")
             sums = metric_sums(text)
             point["gw_queued"] = sums.get("kvpool_gateway_queued_requests", 0.0)
@@ -587,18 +578,10 @@ async def run_all(
             "priority": (engines["A"].base_url, [engines["A"]], None),
         }
         configs = configs_of(args)
-        no_credit = ("--no-schedule-credit",)
-        kvpools: list[
-            tuple[str, list[str], Callable[[dict[str, Any]], None] | None, tuple[str, ...]]
-        ]
-        kvpools = [
-            ("kvpool-1", ["A"], None, ()),
-            ("kvpool-2", ["A", "B"], None, ()),
-            (NO_TARGET, ["A"], without_ttft_target, ()),
-            (NO_CREDIT[0], ["A"], None, no_credit),
-            (NO_CREDIT[1], ["A", "B"], None, no_credit),
-        ]
-        for name, used, edit, flags in [k for k in kvpools if k[0] in configs]:
+        kvpools = [("kvpool-1", ["A"], None), ("kvpool-2", ["A", "B"], None)]
+        if NO_TARGET in configs:
+            kvpools.append((NO_TARGET, ["A"], without_ttft_target))
+        for name, used, edit in [k for k in kvpools if k[0] in configs]:
             plan = compile_mix(
                 mix,
                 {POOL: [engines[e].base_url for e in used]},
@@ -609,9 +592,7 @@ async def run_all(
             print(f"{name}: " + plan.describe(), flush=True)
             result["plans"][name] = plan.planned()
             gateway = GatewayProcess(
-                plan.config_path,
-                workdir / f"gateway-{name}.log",
-                extra_args=("--no-access-log", *flags),
+                plan.config_path, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
             )
             await asyncio.to_thread(gateway.start)
             gateways[name] = gateway
@@ -675,10 +656,7 @@ def compare(configs: dict[str, Any]) -> dict[str, Any]:
 
     alone = configs.get("chat-alone", {})
     out: dict[str, Any] = {}
-    pairs = [("kvpool-1", "priority"), ("kvpool-2", "router-2")]
-    pairs += [(NO_CREDIT[0], "priority"), (NO_CREDIT[1], "router-2")]
-    pairs += [("kvpool-1", NO_CREDIT[0]), ("kvpool-2", NO_CREDIT[1])]
-    for kv_name, peer_name in pairs:
+    for kv_name, peer_name in (("kvpool-1", "priority"), ("kvpool-2", "router-2")):
         if kv_name not in configs or peer_name not in configs:  # --configs left one out
             continue
         kv, peer = configs[kv_name], configs[peer_name]
@@ -799,7 +777,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         nargs="+",
-        choices=(*CONFIGS, *VARIANTS),
+        choices=(*CONFIGS, NO_TARGET),
         default=None,
         help="run only these configs; the comparison covers the pairs present",
     )
@@ -807,11 +785,6 @@ def parse_args() -> argparse.Namespace:
         "--no-target-variant",
         action="store_true",
         help=f"also run {NO_TARGET}: interactive without ttftP95Target (no prefill holds)",
-    )
-    parser.add_argument(
-        "--no-credit-variant",
-        action="store_true",
-        help=f"also run {' and '.join(NO_CREDIT)}: gateways with --no-schedule-credit",
     )
     parser.add_argument(
         "--finish-by",
@@ -859,7 +832,6 @@ def main() -> int:
                 "seed": args.seed,
                 "finish_by": args.finish_by,
                 "no_target_variant": args.no_target_variant,
-                "no_credit_variant": args.no_credit_variant,
             },
             **{k: v for k, v in measured.items() if k != "configs"},
             "configs": configs,

@@ -268,8 +268,7 @@ class ReplicaSample:
 
 
 def replica_sample(text: str) -> ReplicaSample:
-    """Read one replica's in-use slots and KV tokens (reserved less its schedule credit),
-    queued requests and leased tokens."""
+    """Read one replica's in-use slots and KV tokens, queued requests and leased tokens."""
     slots = tokens = queued = 0.0
     leased: float | None = None
     for line in text.splitlines():
@@ -284,10 +283,6 @@ def replica_sample(text: str) -> ReplicaSample:
             slots += float(value)
         elif 'kind="in_use"' in line and line.startswith("kvpool_gateway_tier_tokens{"):
             tokens += float(value)
-        elif line.startswith("kvpool_gateway_pool_tokens{") and (
-            'kind="credit"' in line and 'track="stable"' in line
-        ):  # reserved by streams but never held at once: not in use
-            tokens -= float(value)
     return ReplicaSample(slots, tokens, queued, leased)
 
 

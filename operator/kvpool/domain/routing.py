@@ -73,7 +73,6 @@ class ReplicaLoad:
     reserved_slots: int  # sequences reserved on it
     preemptible_tokens: int = 0  # of reserved_tokens, held by lower-priority work
     preemptible_slots: int = 0  # of reserved_slots, held by lower-priority work
-    credit_tokens: int = 0  # of reserved_tokens, never needed at once (schedule credit)
 
 
 class ReplicaView(Protocol):
@@ -93,8 +92,6 @@ class ReplicaView(Protocol):
     def preemptible_tokens(self) -> int: ...
     @property
     def preemptible_slots(self) -> int: ...
-    @property
-    def credit_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -191,11 +188,9 @@ def decide_replica(
 ) -> ReplicaVerdict:
     """The least-loaded ready replica (of ``track``, or any if None) that can hold the request.
 
-    A replica can hold it if ``reserved - credit + request <= per-replica capacity`` for
-    both tokens and slots (the credit: what its running requests reserve beyond the most
-    they will hold at once, :mod:`kvpool.domain.admission.schedule`); with
-    ``allow_preempt`` the preemptible part is not counted as reserved (nor the credit
-    lent), and replicas that fit without preemption are preferred.
+    A replica can hold it if ``reserved + request <= per-replica capacity`` for both tokens
+    and slots; with ``allow_preempt`` the preemptible part is not counted as reserved,
+    and replicas that fit without preemption are preferred.
     """
     best: ReplicaView | None = None
     best_key: tuple[int, int, int, str] | None = None
@@ -203,9 +198,8 @@ def decide_replica(
     for replica in replicas:
         if not replica.ready or (track is not None and replica.track != track):
             continue
-        reserved = replica.reserved_tokens - replica.credit_tokens
         fits = (
-            reserved + tokens <= tokens_per_replica
+            replica.reserved_tokens + tokens <= tokens_per_replica
             and replica.reserved_slots + slots <= slots_per_replica
         )
         preempts = False
@@ -216,7 +210,7 @@ def decide_replica(
             )
         if not fits and not preempts:
             continue
-        key = (int(preempts), reserved, replica.reserved_slots, replica.name)
+        key = (int(preempts), replica.reserved_tokens, replica.reserved_slots, replica.name)
         if best_key is None or key < best_key:
             best, best_key, best_preempts = replica, key, preempts
     if best is None:

@@ -268,13 +268,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reserve every request's full output bound instead of its tier's learned p95",
     )
     parser.add_argument(
-        "--no-schedule-credit",
-        action="store_true",
-        help="do not lend what streamed requests reserve beyond the most they will hold at "
-        "once (their future peak, from how far each stream is); lower tiers then overcommit "
-        "by the adaptive ratio alone",
-    )
-    parser.add_argument(
         "--engine-poll-seconds",
         type=seconds_or_zero,
         default=0.25,

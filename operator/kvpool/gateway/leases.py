@@ -284,10 +284,7 @@ class LeaseKeeper:
                 if snapshot is not None
                 else ZERO,
                 {t: n for t, (n, _) in tenants.items()},
-                # the schedule credit is reserved but never held at once: not claimed
-                in_use=Amount(
-                    snapshot.in_use_tokens - snapshot.credit_tokens, snapshot.in_use_slots
-                )
+                in_use=Amount(snapshot.in_use_tokens, snapshot.in_use_slots)
                 if snapshot is not None
                 else ZERO,
                 previous=state.claim,

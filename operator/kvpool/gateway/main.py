@@ -157,7 +157,6 @@ async def serve(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         metrics_on_api_port=args.metrics_on_api_port,
         learn_reservations=not args.no_learn_reservations,
-        follow_streams=not args.no_schedule_credit,
         engine_poll_seconds=args.engine_poll_seconds,
         borrow_pause_usage=args.borrow_pause_usage,
     )

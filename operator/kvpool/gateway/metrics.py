@@ -84,14 +84,12 @@ class _SnapshotCollector(Collector):
         )
         pool_tokens = GaugeMetricFamily(
             "kvpool_gateway_pool_tokens",
-            "KV tokens per pool: total (plan), in_use (reserved), and credit (reserved by "
-            "streams beyond the most they will hold at once, lent to borrowers).",
+            "KV tokens per pool: total (plan) and in_use.",
             labels=["pool", "track", "kind"],
         )
         for track, snap in self._snapshots():
             pool_tokens.add_metric([snap.pool, track, "total"], snap.total_tokens)
             pool_tokens.add_metric([snap.pool, track, "in_use"], snap.in_use_tokens)
-            pool_tokens.add_metric([snap.pool, track, "credit"], snap.credit_tokens)
             for t in snap.tiers:
                 for kind, value in (
                     ("in_use", t.in_use_tokens),

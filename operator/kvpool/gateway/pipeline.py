@@ -26,10 +26,7 @@ decision benchmark can drive it directly:
 6. route the track (``decide_track``), then admit (``AdmissionController.offer`` via
    the pool's :class:`~kvpool.gateway.pool_runtime.PoolRuntime` from the
    :class:`~kvpool.gateway.registry.PoolRegistry`; it also picks the replica), with the
-   tenant's limits as this replica enforces them (:mod:`kvpool.gateway.capacity`); a
-   streamed single sequence is admitted with its :class:`~kvpool.domain.admission.schedule.Growth`,
-   whose progress is the usage meter the upstream counts its chunks on, so admission
-   lends what it reserves beyond the running requests' future peak;
+   tenant's limits as this replica enforces them (:mod:`kvpool.gateway.capacity`);
    Queue -> wait; Reject -> the status of its reason (:mod:`kvpool.gateway.outcomes`);
 7. (the handler sends it upstream, :mod:`kvpool.gateway.upstream`);
 8. :meth:`RequestPipeline.finish`, always: release the reservation (unless
@@ -54,7 +51,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -67,7 +64,6 @@ from kvpool.api.admission_config import (
     CompiledTierPolicy,
 )
 from kvpool.domain.admission import Admit, build_admission_request
-from kvpool.domain.admission.schedule import Growth
 from kvpool.domain.api_keys import api_key_digest
 from kvpool.domain.budget import (
     BudgetAllow,
@@ -102,7 +98,7 @@ from kvpool.gateway.outcomes import (
 from kvpool.gateway.pool_runtime import PoolRuntime
 from kvpool.gateway.registry import PoolRegistry
 from kvpool.gateway.request import Kind, ParsedRequest
-from kvpool.gateway.usage import Usage, UsageMeter, request_clock
+from kvpool.gateway.usage import Usage, request_clock
 
 log = logging.getLogger("kvpool.gateway")
 access_log = logging.getLogger("kvpool.access")
@@ -131,24 +127,8 @@ class Admission:
     demoted: bool
     started: float  # request_clock() at arrival
     bounded_bytes: int = 0  # its one prompt's UTF-8 bytes when sized by the bound
-    meter: UsageMeter = field(default_factory=UsageMeter)  # the upstream counts its usage
     on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
     released: bool = False  # its reservation was given back (release() is idempotent)
-
-
-def growth_of(estimate: Estimate, meter: UsageMeter) -> Growth | None:
-    """How a streamed single-sequence request grows: its prompt, the output its reservation
-    expects, its bound, and the meter the upstream counts its chunks on (None when its
-    reservation does not cover its prompt: capped at one replica)."""
-    expected = estimate.tokens - estimate.prompt_tokens
-    if expected < 1:
-        return None
-    return Growth(
-        prompt_tokens=estimate.prompt_tokens,
-        expected_output=expected,
-        output_bound=max(expected, estimate.output_tokens),
-        progress=meter,
-    )
 
 
 class RequestPipeline:
@@ -165,10 +145,8 @@ class RequestPipeline:
         *,
         access_log: bool = True,
         wall_clock: Callable[[], float] = time.time,
-        follow_streams: bool = True,
     ) -> None:
         self.store = store
-        self.follow_streams = follow_streams  # admit streams with their growth
         self.metrics = metrics
         self.body = body
         self.registry = registry
@@ -314,19 +292,12 @@ class RequestPipeline:
                     track.reason, f"model {parsed.model!r} has no ready engine", retry_after=2.0
                 )
             request_id = f"{self._prefix}-{next(self._ids)}"
-            follow = self.follow_streams and parsed.stream and estimate.sequences == 1
             adaptation = self.registry.adaptations.get(pool.name)
             if adaptation is not None:  # reserve what the tier's requests use, not the bound
                 estimate = adaptation.reserve(tier.name, estimate)
-            meter = UsageMeter()
             enforced = self.capacity.tenant_view(tenant, pool.name)  # this replica's limits
             areq = build_admission_request(
-                request_id,
-                enforced,
-                tier.name,
-                estimate,
-                track.track.name,
-                growth=growth_of(estimate, meter) if follow else None,
+                request_id, enforced, tier.name, estimate, track.track.name
             )
             verdict = await runtime.admit(areq)
             if not isinstance(verdict, Admit):
@@ -359,7 +330,6 @@ class RequestPipeline:
             demoted=demoted,
             started=started,
             bounded_bytes=bounded_bytes,
-            meter=meter,
             # its replica's prefill hold ends at the first token
             on_first_token=(
                 partial(runtime.first_token, verdict.reservation_id)

@@ -140,7 +140,6 @@ class Gateway:
             self.tasks,
             access_log=settings.access_log,
             wall_clock=wall_clock,
-            follow_streams=settings.follow_streams,
         )
         self.watcher = EngineWatcher(
             self.registry,
@@ -276,7 +275,7 @@ class Gateway:
         admission, parsed = await self.pipeline.admit(
             index, tenant, ROUTES[request.path], raw, request.path, request.host
         )
-        meter = admission.meter  # written by the upstream; read here if it ends without a result
+        meter = UsageMeter()  # written by the upstream; read here if it ends without a result
         status, label, usage = 500, "error", None
         self.metrics.in_flight.inc()
         try:

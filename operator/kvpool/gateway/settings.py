@@ -29,6 +29,5 @@ class GatewaySettings:
     metrics_on_api_port: bool = False  # also serve /metrics on the API port (tenant data!)
     plan_share_percent: int = 100  # this replica's share of each plan (100/N for N gateways)
     learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
-    follow_streams: bool = True  # lend what streams reserve beyond their future peak
     engine_poll_seconds: float = 0.25  # all gateways together poll each engine this often
     borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing

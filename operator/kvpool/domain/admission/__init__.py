@@ -20,7 +20,6 @@ part of kvpool; it is split so each piece can be read alone:
 - :mod:`.controller`: ``AdmissionController`` - the one object the gateway talks to;
 - :mod:`.snapshot`: the controller's snapshot - in use versus plan per tier and replica;
 - :mod:`.learning`: the learned output reservation and the adaptive overcommit ratio;
-- :mod:`.schedule`: the schedule credit - what streams reserve beyond their future peak;
 - :mod:`.limiter`: the TTFT limiter that throttles what is lent to lower tiers.
 
 Everything public is re-exported here: ``from kvpool.domain.admission import ...``.
@@ -29,7 +28,6 @@ Everything public is re-exported here: ``from kvpool.domain.admission import ...
 from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.admission.controller import AdmissionController
 from kvpool.domain.admission.verdicts import (
-    CREDIT,
     OUTCOMES,
     REASON_DEADLINE_PASSED,
     REASON_NO_PLAN,
@@ -54,7 +52,6 @@ from kvpool.domain.admission.verdicts import (
 from kvpool.domain.admission.wait_estimate import EWMA_ALPHA
 
 __all__ = [
-    "CREDIT",
     "EWMA_ALPHA",
     "OUTCOMES",
     "REASON_DEADLINE_PASSED",

@@ -154,7 +154,7 @@ class AdmissionController:
                         self._pending_since = now
             return started[0]
         ahead = queued_ahead(state.order, tier, request)
-        free = (state.total + state.credit - state.used).clamp0()
+        free = (state.total - state.used).clamp0()
         wait = expected_wait(
             state.order, tier, request, ahead, free, state.used, self._hold_time.mean
         )

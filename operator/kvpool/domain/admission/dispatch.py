@@ -128,7 +128,6 @@ class Dispatcher:
         inside = inside_floor(tier, req)
         if not within and self.lending.blocked(tier.rank):
             return None
-        state.refresh_credit(now)  # a start or an end since the last decision moved it
         size = req.amount if inside else Amount(req.borrowing_tokens, req.slots)
         pos = position(state, tier, size, None if within else wants)
         # a Preempt tier's floor request may start over lower-priority borrowers: when the

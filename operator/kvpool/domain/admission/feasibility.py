@@ -8,10 +8,8 @@ independent dimensions, each checked the same way (every figure is an
 ``L_t``; shared ``S``; total ``T`` (= S + sum F). The part of ``U_t`` inside the floor is
 ``own_t = min(U_t, F_t)``, the rest ``over_t`` is borrowed, first from the shared
 remainder, then from other tiers' *idle lendable* floor ``idle_u = min(L_u, F_u - own_u)``.
-A state is **feasible** iff ``sum U <= T + C`` and ``max(0, sum over - S - C) <= sum
-idle`` (docs/0003-admission.md §3 "Accounting"), where ``C`` is the schedule credit
-(:mod:`.schedule`): what running requests reserve beyond the most they will ever hold at
-once, lent to borrowers first, like the shared remainder (0 when no stream is followed).
+A state is **feasible** iff ``sum U <= T`` and ``max(0, sum over - S) <= sum idle``
+(docs/0003-admission.md §3 "Accounting").
 
 Worked example (tokens only; tiers hi, lo with F = 400 each, L = 400 each, S = 200, T =
 1000): with lo using 300, adding lo 500 gives lo 800: own 400, over 400 = shared 200 + hi's
@@ -25,7 +23,7 @@ from __future__ import annotations
 from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.admission.ledger import Position, TierState
 from kvpool.domain.admission.state import PoolState
-from kvpool.domain.admission.verdicts import CREDIT, SHARED, AdmissionRequest
+from kvpool.domain.admission.verdicts import SHARED, AdmissionRequest
 
 
 def position(
@@ -40,8 +38,7 @@ def position(
     ``wants`` (tier -> what its next request needs) hold back part of a tier's idle
     floor from borrowers: a tier waiting for its own floor does not lend it out again.
     """
-    credit = state.credit
-    deficit = state.used + size - state.total - credit
+    deficit = state.used + size - state.total
     over = idle = lower = ZERO
     for t in state.order:
         used = t.used + size if t is tier else t.used
@@ -58,7 +55,7 @@ def position(
             own = used.min(t.floor)
             over += used - own
         idle += t.lend.min(t.floor - own)
-    return Position(deficit.max(over - state.shared - credit - idle), lower)
+    return Position(deficit.max(over - state.shared - idle), lower)
 
 
 def lent_by_tier(state: PoolState) -> dict[str, Amount]:
@@ -69,7 +66,7 @@ def lent_by_tier(state: PoolState) -> dict[str, Amount]:
         own = t.used.min(t.floor)
         over += t.used - own
         idle.append((t, t.lend.min(t.floor - own)))
-    need = (over - state.shared - state.credit).clamp0()
+    need = (over - state.shared).clamp0()
     lent: dict[str, Amount] = {}
     for t, free in reversed(idle):
         if need.is_zero:
@@ -81,33 +78,20 @@ def lent_by_tier(state: PoolState) -> dict[str, Amount]:
     return lent
 
 
-def _over(state: PoolState) -> Amount:
-    return sum(((t.used - t.floor).clamp0() for t in state.order), ZERO)
-
-
-def credit_in_use(state: PoolState) -> Amount:
-    """The part of the schedule credit borrowers use (it covers borrowing first)."""
-    return _over(state).min(state.credit)
-
-
 def shared_in_use(state: PoolState) -> Amount:
-    """The part of the shared remainder borrowers hold (what the schedule credit covers
-    first is nobody's: it is reserved but never held at once)."""
-    return (_over(state) - state.credit).clamp0().min(state.shared)
+    """The part of the shared remainder borrowers hold."""
+    over = sum(((t.used - t.floor).clamp0() for t in state.order), ZERO)
+    return over.min(state.shared)
 
 
 def borrow_sources(state: PoolState, tier: TierState, size: Amount) -> tuple[str, ...]:
-    """Who lends to a borrowing request of ``size``: the schedule credit, the shared
-    remainder and/or tier floors (the difference its start makes to :func:`lent_by_tier`)."""
+    """Who lends to a borrowing request of ``size``: the shared remainder and/or tier
+    floors (the difference its start makes to :func:`lent_by_tier`)."""
     lent_before, shared_before = lent_by_tier(state), shared_in_use(state)
-    credit_before = credit_in_use(state)
     tier.used += size
     lent_after, shared_after = lent_by_tier(state), shared_in_use(state)
-    credit_after = credit_in_use(state)
     tier.used -= size
     sources: list[str] = []
-    if not credit_after.fits_in(credit_before):
-        sources.append(CREDIT)
     if not shared_after.fits_in(shared_before):
         sources.append(SHARED)
     for t in state.order:

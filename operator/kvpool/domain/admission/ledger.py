@@ -97,11 +97,6 @@ class ReplicaState:
     # lower ranks wait meanwhile
     holds: dict[str, tuple[int, float]] = field(default_factory=dict)
     held_since: float | None = None  # lower tiers were last let through (or first held) then
-    # the schedule credit (:mod:`.schedule`): the reservations whose growth is followed,
-    # what they reserve beyond their future peak, and when that was computed (None: stale)
-    growing: dict[str, Reservation] = field(default_factory=dict)
-    credit_tokens: int = 0
-    credit_at: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -122,7 +117,6 @@ class ReplicaState:
             reserved_slots=self.reserved_slots,
             preemptible_tokens=pre_t,
             preemptible_slots=pre_s,
-            credit_tokens=self.credit_tokens,
         )
 
     def add(self, rank: int, tokens: int, slots: int, sign: int) -> None:

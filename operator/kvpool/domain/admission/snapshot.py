@@ -67,7 +67,6 @@ def take_snapshot(
             reserved_slots=r.reserved_slots,
             capacity_tokens=pool.tokens_per_replica,
             capacity_slots=pool.slots_per_replica,
-            credit_tokens=r.credit_tokens,
         )
         for r in state.replicas.values()
     )
@@ -89,7 +88,6 @@ def take_snapshot(
         mean_hold_seconds=mean_hold_seconds,
         estimate_error_tokens=estimate_error_tokens,
         settled=settled,
-        credit_tokens=state.credit.tokens,
     )
 
 

@@ -9,11 +9,6 @@ class owns those figures and the two changes - :meth:`PoolState.commit` and
 its reservations, and so is a replica's). It decides nothing: what may start is decided
 by :mod:`.dispatch` with :mod:`.feasibility`, holds and lending gates.
 
-It also keeps each replica's schedule credit (:mod:`.schedule`) current: a start or an
-end on a replica makes it stale (an end lowers it at once by what it released, which
-keeps it a lower bound), and :meth:`PoolState.refresh_credit` recomputes the stale ones
-before a decision reads :attr:`PoolState.credit`.
-
 Installing a plan (:meth:`PoolState.apply_plan`) keeps in-flight reservations: a tier
 that left the policy is retired (floor 0, ranked below every live tier, so its requests
 are the preemptible ones) until its last reservation ends; a replica that left the config
@@ -28,7 +23,6 @@ from kvpool.api.admission_config import CompiledPool, CompiledTier
 from kvpool.domain.admission.amount import ZERO, Amount
 from kvpool.domain.admission.fair_queue import FairQueue
 from kvpool.domain.admission.ledger import ReplicaState, Reservation, TierState, Waiting
-from kvpool.domain.admission.schedule import CREDIT_MAX_AGE, DEFAULT_MARGIN, schedule_credit
 
 
 class PoolState:
@@ -47,8 +41,6 @@ class PoolState:
         self.shared = ZERO  # the remainder no tier owns
         self.per_replica = ZERO  # what one replica holds
         self.whole: PoolState | None = None  # the whole plan, where ``pool`` is a lease of it
-        self.credit = ZERO  # reserved beyond the future peak, over all replicas (tokens)
-        self.margin = DEFAULT_MARGIN  # tokens a stream's chunk count may lag the engine
         self.apply_plan(pool, tiers)
 
     def apply_plan(
@@ -125,9 +117,6 @@ class PoolState:
             replica.add(tier.rank, size.tokens, size.slots, +1)
         reservation = Reservation(req, tier, size, now, replica, tier.rank, borrowed)
         self.reservations[req.request_id] = reservation
-        if replica is not None and req.growth is not None:
-            replica.growing[req.request_id] = reservation
-            replica.credit_at = None  # still a lower bound; recomputed before the next read
         return reservation
 
     def uncommit(self, reservation_id: str) -> Reservation | None:
@@ -151,34 +140,9 @@ class PoolState:
             self.tenant_inflight.pop(req.tenant, None)
         FairQueue.touch(tier, req.tenant, self.order)
         if res.replica is not None:
-            replica = res.replica
-            replica.add(res.rank, held.tokens, held.slots, -1)
-            if replica.growing.pop(reservation_id, None) is not None:
-                # the peak without it is at most the old one: the credit falls by at
-                # most what it released
-                left = max(0, replica.credit_tokens - held.tokens) if replica.growing else 0
-                self._set_credit(replica, left, None)
-            if not replica.listed and replica.empty:
-                self.replicas.pop(replica.name, None)
+            res.replica.add(res.rank, held.tokens, held.slots, -1)
+            if not res.replica.listed and res.replica.empty:
+                self.replicas.pop(res.replica.name, None)
         if tier.removed and tier.used.is_zero and tier.queued_count == 0:
             self.drop_tier(tier)
         return res
-
-    def refresh_credit(self, now: float) -> Amount:
-        """Recompute the replicas' stale or old schedule credits; the pool's credit."""
-        for replica in self.replicas.values():
-            at = replica.credit_at
-            if at is None or now - at >= CREDIT_MAX_AGE:
-                growing = (
-                    (r.amount.tokens, r.request.growth)
-                    for r in replica.growing.values()
-                    if r.request.growth is not None
-                )
-                self._set_credit(replica, schedule_credit(growing, self.margin), now)
-        return self.credit
-
-    def _set_credit(self, replica: ReplicaState, tokens: int, at: float | None) -> None:
-        if tokens != replica.credit_tokens:
-            self.credit = Amount(self.credit.tokens + tokens - replica.credit_tokens, 0)
-            replica.credit_tokens = tokens
-        replica.credit_at = at

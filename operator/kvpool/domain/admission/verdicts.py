@@ -8,12 +8,11 @@ and a metric label); the HTTP status of a reason is the gateway's business
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from kvpool.api.admission_config import CompiledTenant
 from kvpool.domain.admission.amount import Amount
-from kvpool.domain.admission.schedule import Growth
 from kvpool.domain.estimate import Estimate
 
 Outcome = Literal["admitted", "borrowed", "queued", "rejected-deadline", "rejected-capacity"]
@@ -33,7 +32,6 @@ REASON_UNKNOWN_TIER = "tier_not_in_pool"  # the pool's plan has no such tier
 REASON_NO_READY_REPLICA = "no_ready_replica"  # no ready replica on the request's track
 REASON_TIER_REMOVED = "tier_removed"  # reconfigure dropped the tier of a queued request
 SHARED = "shared"  # name used in Admit.borrowed_from for the shared remainder
-CREDIT = "credit"  # ... for the schedule credit (reserved by streams, never held at once)
 
 
 @dataclass(frozen=True)
@@ -49,8 +47,6 @@ class AdmissionRequest:
     max_concurrency: int | None = None  # tenant's max in-flight requests in this pool
     track: str | None = None  # "stable"/"canary" from decide_track; None = any replica
     borrow_tokens: int | None = None  # KV tokens when it starts above its floor (None: tokens)
-    # how it grows on its engine (a streamed single sequence), for the schedule credit
-    growth: Growth | None = field(default=None, compare=False)
 
     @property
     def amount(self) -> Amount:
@@ -72,10 +68,8 @@ def build_admission_request(
     tier: str,
     estimate: Estimate,
     track: str | None = None,
-    growth: Growth | None = None,
 ) -> AdmissionRequest:
-    """An :class:`AdmissionRequest` from the earlier steps' results (``growth``: how it
-    grows, when the caller follows its stream)."""
+    """An :class:`AdmissionRequest` from the earlier steps' results."""
     return AdmissionRequest(
         request_id=request_id,
         tenant=tenant.tenant,
@@ -86,7 +80,6 @@ def build_admission_request(
         max_concurrency=tenant.max_concurrency,
         track=track,
         borrow_tokens=estimate.borrow_tokens,
-        growth=growth,
     )
 
 
@@ -190,7 +183,6 @@ class ReplicaUsage:
     reserved_slots: int
     capacity_tokens: int
     capacity_slots: int
-    credit_tokens: int = 0  # reserved here beyond the future peak (:mod:`.schedule`)
 
 
 @dataclass(frozen=True)
@@ -214,4 +206,3 @@ class AdmissionSnapshot:
     mean_hold_seconds: float | None  # EWMA of reservation durations (None: none observed)
     estimate_error_tokens: int = 0  # cumulative reserved - actual over settled releases
     settled: int = 0  # releases that reported actual tokens
-    credit_tokens: int = 0  # reserved beyond the running requests' future peak (lent)
