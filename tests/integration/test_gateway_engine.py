@@ -120,7 +120,7 @@ async def test_the_gateway_reads_an_engine_load_as_a_full_parser_does(
 
             # 400 tokens a stream: seconds of running after their first tokens
             await wait_until_async(read_while_busy, 30, "the engine reporting them running")
-            still_streaming = [not stream.content.at_eof() for stream in streams]
+            still_streaming = [not stream.content.is_eof() for stream in streams]
         finally:
             for stream in streams:
                 stream.close()
