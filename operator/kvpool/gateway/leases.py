@@ -5,13 +5,14 @@ every plan instead of a fixed percent (:mod:`kvpool.gateway.capacity`), so that 
 goes where the requests are whatever the balancer does. :class:`LeaseKeeper` is the
 :class:`~kvpool.gateway.capacity.CapacityShare` that does it:
 
-- **renew** every ``period`` (and at once when a request here has to wait, or another
-  replica nudges): per plan (a pool's stable track, and a canary with a plan of its own)
-  report the demand (:func:`~kvpool.domain.lease.model.report_of`), compute the desired
-  lease on the last table of every replica's reports
-  (:func:`~kvpool.domain.lease.plan_leases`), shrink to it locally *before* sending, and let
-  the Redis script grant (:mod:`kvpool.adapters.lease.store`). When the fresh table the
-  answer brings changes what is desired, renew once more at once;
+- **renew** every ``period`` (and at once when a request here has to wait with nothing
+  queued ahead of it, or another replica nudges): per plan (a pool's stable track, and a
+  canary with a plan of its own) report the demand
+  (:func:`~kvpool.domain.lease.model.report_of`), compute the desired lease on the last
+  table of every replica's reports (:func:`~kvpool.domain.lease.plan_leases`), shrink to
+  it locally *before* sending, and let the Redis script grant
+  (:mod:`kvpool.adapters.lease.store`). When the others' reports the answer brings change
+  what is desired, renew once more at once;
 - **apply**: a pool whose lease moved is re-applied (``PoolRegistry.refresh_capacity``:
   its runtime adopts the new view, keeping every reservation in flight); every controller
   is told the lease's end (``set_admission_until``: a replica stopped past its lease starts
@@ -221,17 +222,21 @@ class LeaseKeeper:
         plans = [p for p in self._plans.values() if p.pool in self._runtimes()]
         if not plans:
             return
-        gave_up, asked = await self._call(plans, loop)
+        tables = {p.key: p.table for p in plans}
+        gave_up, asked, sent = await self._call(plans, loop)
         if self._mode is LeaseMode.LEASED:
-            # the answer brought a fresher table: ask again where it changes the wish
-            now = loop.time()
+            # the answer brought a fresher table: where the others' reports moved, ask again
+            # if they change the wish for the demand just sent (a change here since then is
+            # the next renewal's, and recomputing the allocation for nothing was a third of
+            # a replica's renewal CPU)
             again = [
                 p
                 for p in plans
-                if p.desired(self.member, self._report(p, now)).components() != asked[p.key]
+                if p.table != tables[p.key]
+                and p.desired(self.member, sent[p.key]).components() != asked[p.key]
             ]
             if again:
-                gave_up_again, _ = await self._call(again, loop)
+                gave_up_again, _, _ = await self._call(again, loop)
                 gave_up |= gave_up_again
         self._apply(loop.time())
         if self._mode is LeaseMode.LEASED and (gave_up or self._new_unmet_wish(plans, asked)):
@@ -262,12 +267,13 @@ class LeaseKeeper:
 
     async def _call(
         self, plans: list[LeasedPlan], loop: asyncio.AbstractEventLoop
-    ) -> tuple[bool, dict[tuple[str, str], dict[str, int]]]:
-        """One script call for ``plans``: whether this replica gave capacity up, and the
-        desired lease it asked for per plan."""
+    ) -> tuple[bool, dict[tuple[str, str], dict[str, int]], dict[tuple[str, str], Report]]:
+        """One script call for ``plans``: whether this replica gave capacity up, and per
+        plan the desired lease it asked for and the report it sent."""
         now = loop.time()
         renewals: list[PlanRenewal] = []
         asked: dict[tuple[str, str], dict[str, int]] = {}
+        sent_reports: dict[tuple[str, str], Report] = {}
         gave_up = False
         for state in plans:
             report = self._report(state, now)
@@ -291,6 +297,7 @@ class LeaseKeeper:
             )
             plan = state.in_play(report)
             asked[state.key] = desired.components()
+            sent_reports[state.key] = report
             renewals.append(
                 PlanRenewal(
                     state.pool, state.track, plan.groups(), desired.components(), held, report
@@ -305,7 +312,7 @@ class LeaseKeeper:
                 self._failing_since = sent
                 log.warning("lease renewal failed (%s): keeping the last lease while valid", exc)
             self._update_mode(loop.time())
-            return gave_up, asked
+            return gave_up, asked, sent_reports
         self.metrics.renewals.labels("ok").inc()
         self.metrics.renewal_seconds.observe(loop.time() - sent)
         if self._failing_since is not None:
@@ -322,7 +329,7 @@ class LeaseKeeper:
             self.metrics.count_handover(state.pool, state.lease, state.granted)
             state.lease = state.granted
         self._update_mode(loop.time())
-        return gave_up, asked
+        return gave_up, asked, sent_reports
 
     # -- demand ----------------------------------------------------------------------------
 
