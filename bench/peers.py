@@ -97,6 +97,9 @@ QUIET_GAP = 185.0  # ... then at least 3 minutes released
 CONFIGS = ("chat-alone", "fcfs", "priority", "kvpool-1", "router-2", "kvpool-2")
 # --no-target-variant: kvpool-1 with interactive's ttftP95Target removed (no prefill holds)
 NO_TARGET = "kvpool-1-no-target"
+# kvpool-1 whose streams hand their place on --handover-tokens before their bound
+HANDOVER = "kvpool-1-handover"
+VARIANTS = (NO_TARGET, HANDOVER)
 SHARE_BUCKET_SECONDS = 5.0  # the output-share-over-time series (plot_peers.py draws it)
 
 
@@ -108,6 +111,8 @@ def without_ttft_target(policy: dict[str, Any]) -> None:
 
 def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
     every = (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
+    if args.configs:
+        every = (*CONFIGS, *VARIANTS)
     return tuple(c for c in every if not args.configs or c in args.configs)
 
 
@@ -578,10 +583,14 @@ async def run_all(
             "priority": (engines["A"].base_url, [engines["A"]], None),
         }
         configs = configs_of(args)
-        kvpools = [("kvpool-1", ["A"], None), ("kvpool-2", ["A", "B"], None)]
-        if NO_TARGET in configs:
-            kvpools.append((NO_TARGET, ["A"], without_ttft_target))
-        for name, used, edit in [k for k in kvpools if k[0] in configs]:
+        quiet_log: tuple[str, ...] = ("--no-access-log",)
+        kvpools = [
+            ("kvpool-1", ["A"], None, quiet_log),
+            ("kvpool-2", ["A", "B"], None, quiet_log),
+            (NO_TARGET, ["A"], without_ttft_target, quiet_log),
+            (HANDOVER, ["A"], None, (*quiet_log, "--handover-tokens", str(args.handover_tokens))),
+        ]
+        for name, used, edit, extra in [k for k in kvpools if k[0] in configs]:
             plan = compile_mix(
                 mix,
                 {POOL: [engines[e].base_url for e in used]},
@@ -592,7 +601,7 @@ async def run_all(
             print(f"{name}: " + plan.describe(), flush=True)
             result["plans"][name] = plan.planned()
             gateway = GatewayProcess(
-                plan.config_path, workdir / f"gateway-{name}.log", extra_args=("--no-access-log",)
+                plan.config_path, workdir / f"gateway-{name}.log", extra_args=extra
             )
             await asyncio.to_thread(gateway.start)
             gateways[name] = gateway
@@ -656,7 +665,9 @@ def compare(configs: dict[str, Any]) -> dict[str, Any]:
 
     alone = configs.get("chat-alone", {})
     out: dict[str, Any] = {}
-    for kv_name, peer_name in (("kvpool-1", "priority"), ("kvpool-2", "router-2")):
+    pairs = [("kvpool-1", "priority"), ("kvpool-2", "router-2")]
+    pairs += [(variant, "priority") for variant in VARIANTS]
+    for kv_name, peer_name in pairs:
         if kv_name not in configs or peer_name not in configs:  # --configs left one out
             continue
         kv, peer = configs[kv_name], configs[peer_name]
@@ -777,9 +788,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         nargs="+",
-        choices=(*CONFIGS, NO_TARGET),
+        choices=(*CONFIGS, *VARIANTS),
         default=None,
         help="run only these configs; the comparison covers the pairs present",
+    )
+    parser.add_argument(
+        "--handover-tokens",
+        type=int,
+        default=8,
+        help=f"{HANDOVER}'s gateway --handover-tokens (default 8)",
     )
     parser.add_argument(
         "--no-target-variant",
@@ -832,6 +849,7 @@ def main() -> int:
                 "seed": args.seed,
                 "finish_by": args.finish_by,
                 "no_target_variant": args.no_target_variant,
+                "handover_tokens": args.handover_tokens,
             },
             **{k: v for k, v in measured.items() if k != "configs"},
             "configs": configs,

@@ -79,6 +79,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_or_zero(text: str) -> int:
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return value
+
+
 def fraction(text: str) -> float:
     value = _number(text, float)
     if not 0 <= value <= 1:
@@ -280,6 +287,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=fraction,
         default=0.97,
         help="measured engine KV usage (0-1) at which lending to lower tiers pauses",
+    )
+    parser.add_argument(
+        "--handover-tokens",
+        type=int_or_zero,
+        default=0,
+        help="a single-sequence stream with at most this many tokens left before its output "
+        "bound hands its reservation to the next request, which reaches the engine about "
+        "when it ends (0: at the stream's end; default 0)",
     )
     parser.add_argument(
         "--log-level",

@@ -159,6 +159,7 @@ async def serve(args: argparse.Namespace) -> int:
         learn_reservations=not args.no_learn_reservations,
         engine_poll_seconds=args.engine_poll_seconds,
         borrow_pause_usage=args.borrow_pause_usage,
+        handover_tokens=args.handover_tokens,
     )
     capacity = build_capacity(args, metrics, config.namespace)
     gateway = Gateway(

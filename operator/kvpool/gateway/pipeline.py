@@ -350,6 +350,16 @@ class RequestPipeline:
         actual = usage.total(admission.estimate.prompt_tokens)
         admission.runtime.release(admission.admit.reservation_id, actual or None)
 
+    def hand_over(self, admission: Admission) -> None:
+        """Give the reservation back a few tokens before the stream's certain end
+        (:mod:`kvpool.domain.handover`): the request admitted into its place reaches the
+        engine about when this one ends. Its final size is not known yet, so it feeds no
+        estimate-error sample; the budget is settled in :meth:`finish` as always."""
+        if admission.released:
+            return
+        admission.released = True
+        admission.runtime.release(admission.admit.reservation_id, None)
+
     async def finish(self, admission: Admission, status: int, label: str, usage: Usage) -> Outcome:
         """Release the reservation, settle the budget with ``usage``, then record the
         :class:`Outcome` once (metrics and the access log both read it)."""

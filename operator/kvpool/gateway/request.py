@@ -196,6 +196,14 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     )
 
 
+def upstream_output_bound(parsed: ParsedRequest, output_limit: int) -> int | None:
+    """The most tokens a sequence of the upstream call can generate, as
+    :func:`build_upstream_body` bounds it (None: unbounded by the body)."""
+    if output_limit >= 1 and (parsed.max_tokens is None or parsed.max_tokens > output_limit):
+        return output_limit
+    return parsed.max_tokens
+
+
 def build_upstream_body(
     parsed: ParsedRequest, output_limit: int, engine_priority: int | None
 ) -> bytes:
@@ -216,7 +224,7 @@ def build_upstream_body(
       :mod:`kvpool.gateway.upstream`).
     """
     body = dict(parsed.body)
-    if output_limit >= 1 and (parsed.max_tokens is None or parsed.max_tokens > output_limit):
+    if upstream_output_bound(parsed, output_limit) != parsed.max_tokens:
         body["max_completion_tokens" if parsed.kind == "chat" else "max_tokens"] = output_limit
     if engine_priority is not None:
         body["priority"] = engine_priority

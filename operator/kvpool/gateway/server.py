@@ -41,6 +41,7 @@ from kvpool.adapters.budget import BudgetStore
 from kvpool.adapters.engine_metrics import fetch_engine_load
 from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
+from kvpool.domain.handover import handover_chunk
 from kvpool.gateway.body import BodyWorker
 from kvpool.gateway.capacity import CapacityShare, StaticShare
 from kvpool.gateway.config_index import ConfigIndex
@@ -52,7 +53,12 @@ from kvpool.gateway.memory import MemoryTrimmer
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.pipeline import Admission, RequestPipeline
 from kvpool.gateway.registry import PoolRegistry
-from kvpool.gateway.request import Kind, ParsedRequest, build_upstream_body
+from kvpool.gateway.request import (
+    Kind,
+    ParsedRequest,
+    build_upstream_body,
+    upstream_output_bound,
+)
 from kvpool.gateway.settings import GatewaySettings
 from kvpool.gateway.upstream import (
     CLIENT_STALLED,
@@ -301,6 +307,8 @@ class Gateway:
                 503, "no_endpoint", "the pool lists no engine endpoint", OVERLOADED, 2.0
             )
         priority = admission.tier.engine_priority if self.settings.set_engine_priority else None
+        bound = upstream_output_bound(parsed, admission.estimate.output_limit)
+        single = parsed.stream and parsed.n == 1 and len(parsed.prompts) <= 1
         return UpstreamCall(
             url=url.rstrip("/") + request.path,
             body=build_upstream_body(parsed, admission.estimate.output_limit, priority),
@@ -312,6 +320,8 @@ class Gateway:
             meter=meter,
             # the engine is done: the reservation goes back before the client reads the rest
             on_engine_done=lambda: self.pipeline.release(admission, meter.usage()),
+            handover_at=(handover_chunk(bound, self.settings.handover_tokens) if single else None),
+            on_handover=partial(self.pipeline.hand_over, admission),
         )
 
     async def _send(self, call: UpstreamCall, admission: Admission) -> UpstreamResult:

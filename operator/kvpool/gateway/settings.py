@@ -31,3 +31,4 @@ class GatewaySettings:
     learn_reservations: bool = True  # reserve learned outputs (False: every request's bound)
     engine_poll_seconds: float = 0.25  # all gateways together poll each engine this often
     borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
+    handover_tokens: int = 0  # a stream this close to its output bound hands its place on

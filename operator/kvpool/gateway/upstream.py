@@ -112,6 +112,10 @@ class UpstreamCall:
     # the engine holds nothing more for this call (its stream ended): release the
     # reservation now, before the last writes to the client; called at most once
     on_engine_done: Callable[[], None] | None = None
+    # a stream that has relayed this many chunks has at most a few tokens to go
+    # (kvpool.domain.handover): on_handover is then called, once
+    handover_at: int | None = None
+    on_handover: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -339,6 +343,8 @@ def _is_usage_only(payload: bytes, call: UpstreamCall) -> bool:
 def _content_chunk(call: UpstreamCall) -> None:
     if call.meter.chunk() and call.on_first_token is not None:
         call.on_first_token()
+    if call.meter.chunks == call.handover_at and call.on_handover is not None:
+        call.on_handover()
 
 
 def _engine_done(call: UpstreamCall) -> None:
