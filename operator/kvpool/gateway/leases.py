@@ -276,13 +276,14 @@ class LeaseKeeper:
         sent_reports: dict[tuple[str, str], Report] = {}
         gave_up = False
         for state in plans:
-            report = self._report(state, now)
+            snapshot, tenants = self._usage(state)
+            report = state.report(snapshot, tenants, now)
             desired = state.desired(self.member, report)
             smaller = shrink_to(state.lease, desired)
             if smaller != state.lease:
                 state.lease, gave_up = smaller, True
                 self._refresh(state.pool)  # give it up here before Redis hands it out
-            snapshot, tenants = self._usage(state)
+                snapshot, tenants = self._usage(state)  # the shrink may have moved them
             held = held_components(
                 state.lease,
                 snapshot.tiers if snapshot is not None else (),
@@ -343,10 +344,6 @@ class LeaseKeeper:
         limited = self._tenant_limits
         tenants = {t: c for t, c in controller.tenant_requests().items() if t in limited}
         return controller.snapshot(), tenants
-
-    def _report(self, state: LeasedPlan, now: float) -> Report:
-        snapshot, tenants = self._usage(state)
-        return state.report(snapshot, tenants, now)
 
     def _waiting(self, plans: list[LeasedPlan]) -> bool:
         for state in plans:
