@@ -484,12 +484,9 @@ def _consolidate(
                 out[member] = found
         return out
 
-    first = waiting()
-    order = sorted(
-        first, key=lambda m: (rank[first[m][0]], first[m][1]["tokens"], first[m][1]["slots"], m)
-    )
+    now = waiting()
+    order = sorted(now, key=lambda m: (rank[now[m][0]], now[m][1]["tokens"], now[m][1]["slots"], m))
     for member in order:
-        now = waiting()
         if member in donors or member not in now:
             continue
         _, lack, _ = now[member]
@@ -507,6 +504,7 @@ def _consolidate(
                 if moved:
                     donors.add(giver)
         receivers.add(member)
+        now = waiting()  # only a move changes who waits (the walk is pure)
 
 
 def _next_start(
