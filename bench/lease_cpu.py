@@ -150,12 +150,26 @@ def run_version(operator_dir: Path, renewals: int, seed: int) -> dict[str, float
     return result
 
 
+class BaselineError(Exception):
+    """The baseline commit cannot be read from this clone."""
+
+
 def extract(commit: str, into: Path) -> Path:
     """``commit``'s ``operator/`` directory, unpacked under ``into``."""
     archive = into / "baseline.tar"
     with archive.open("wb") as handle:
-        subprocess.run(
-            ["git", "-C", str(REPO), "archive", commit, "operator"], check=True, stdout=handle
+        done = subprocess.run(
+            ["git", "-C", str(REPO), "archive", commit, "operator"],
+            check=False,
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    if done.returncode != 0:
+        raise BaselineError(
+            f"--baseline {commit}: git cannot read that commit here ({done.stderr.strip()});"
+            " pass a commit of this clone (git log --oneline), or fetch the full history"
+            " (git fetch --unshallow)"
         )
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
@@ -173,7 +187,12 @@ def main() -> int:
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
     with tempfile.TemporaryDirectory() as tmp:
-        versions = {"baseline": extract(args.baseline, Path(tmp)), "current": REPO / "operator"}
+        try:
+            baseline = extract(args.baseline, Path(tmp))
+        except BaselineError as exc:
+            print(f"lease_cpu: error: {exc}", file=sys.stderr)
+            return 2
+        versions = {"baseline": baseline, "current": REPO / "operator"}
         for _ in range(args.rounds):
             for name, path in versions.items():
                 runs[name].append(run_version(path, args.renewals, args.seed))
