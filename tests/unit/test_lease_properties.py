@@ -312,6 +312,13 @@ class World:
             r.lapsed = False
 
     def check(self) -> None:
+        for r in self.replicas.values():
+            # a replica that has not renewed for a member TTL (stalled, or cut off from
+            # Redis: here, not picked to renew) has its claims forgotten, by design, so
+            # that a dead one's capacity comes back; what it still holds is excused until
+            # it ends, as for a replica stopped that long (docs/0008 "Limits")
+            if self.now - r.last_renewal >= CLOCK.member_ttl and any(r.used.values()):
+                r.lapsed = True
         totals = sum_components(r.may_admit(self.now) for r in self.replicas.values())
         lapsed = sum_components(r.used for r in self.replicas.values() if r.lapsed)
         for group, (capacity, members) in self.plan.groups().items():

@@ -227,8 +227,8 @@ class LeaseKeeper:
         if self._mode is LeaseMode.LEASED:
             # the answer brought a fresher table: where the others' reports moved, ask again
             # if they change the wish for the demand just sent (a change here since then is
-            # the next renewal's, and recomputing the allocation for nothing was a third of
-            # a replica's renewal CPU)
+            # the next renewal's; recomputing the allocation for it was a third of a
+            # replica's renewal samples in a profile)
             again = [
                 p
                 for p in plans

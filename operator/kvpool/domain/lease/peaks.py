@@ -34,7 +34,7 @@ class _RunningMax:
     it, which can never be the largest again), so the head is the maximum and each
     observation costs O(1) amortized. A replica observes its demand at every renewal,
     20 times a second under a flood; scanning 5 s of samples at each was a seventh of
-    its renewal CPU."""
+    its renewal samples in a profile."""
 
     __slots__ = ("_queue",)
 
