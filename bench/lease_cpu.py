@@ -48,7 +48,7 @@ MEMBERS = {"r0": 7, "r1": 1, "r2": 1, "r3": 1}  # ingress weights (70/10/10/10)
 PERIOD = 0.05  # seconds of simulated time between renewals
 
 
-def renewals_per_second(renewals: int, seed: int) -> dict[str, float]:
+def time_renewals(renewals: int, seed: int) -> dict[str, float]:
     """Time ``renewals`` renewals of replica r0 with the code on ``sys.path``; returns
     CPU milliseconds a renewal (the median of 5 repetitions) and the checksum of the
     leases computed (equal across versions when they compute the same)."""
@@ -103,8 +103,7 @@ def renewals_per_second(renewals: int, seed: int) -> dict[str, float]:
         for index in range(renewals):
             now = index * PERIOD
             for member, weight in MEMBERS.items():
-                tiers_now = {t: demand(rng, weight, t) for t in tiers}
-                table[member] = Report(tiers={t: d for t, d in tiers_now.items()})
+                table[member] = Report(tiers={t: demand(rng, weight, t) for t in tiers})
             # replica r0's own renewal: its peaks, then the allocation twice
             busy = {t: d.now for t, d in table["r0"].tiers.items() if not d.now.is_zero}
             top = peaks.observe(now, busy)
@@ -126,7 +125,7 @@ def run_version(operator_dir: Path, renewals: int, seed: int) -> dict[str, float
     """This file's timing in a child process with ``operator_dir`` first on the path."""
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]);"
-        "from lease_cpu import renewals_per_second as r;"
+        "from lease_cpu import time_renewals as r;"
         "print(json.dumps(r(int(sys.argv[3]), int(sys.argv[4]))))"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

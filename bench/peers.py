@@ -110,10 +110,9 @@ def without_ttft_target(policy: dict[str, Any]) -> None:
 
 
 def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
-    every = (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
     if args.configs:
-        every = (*CONFIGS, *VARIANTS)
-    return tuple(c for c in every if not args.configs or c in args.configs)
+        return tuple(c for c in (*CONFIGS, *VARIANTS) if c in args.configs)
+    return (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
 
 
 @dataclass

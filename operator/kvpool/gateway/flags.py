@@ -72,18 +72,19 @@ def seconds_or_zero(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
+def _whole_number(text: str, minimum: int, requirement: str) -> int:
     value = int(_number(text, int))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {requirement}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1, "at least 1")
 
 
 def int_or_zero(text: str) -> int:
-    value = int(_number(text, int))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
-    return value
+    return _whole_number(text, 0, "0 or more")
 
 
 def fraction(text: str) -> float:

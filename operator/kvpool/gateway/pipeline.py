@@ -344,21 +344,22 @@ class RequestPipeline:
     def release(self, admission: Admission, usage: Usage) -> None:
         """Give the reservation back (once): as soon as the engine is done with the request
         (its stream ended, whatever the client still has to read), else in :meth:`finish`."""
-        if admission.released:
-            return
-        admission.released = True
-        actual = usage.total(admission.estimate.prompt_tokens)
-        admission.runtime.release(admission.admit.reservation_id, actual or None)
+        self._give_back(admission, usage.total(admission.estimate.prompt_tokens) or None)
 
     def hand_over(self, admission: Admission) -> None:
         """Give the reservation back a few tokens before the stream's certain end
         (:mod:`kvpool.domain.handover`): the request admitted into its place reaches the
         engine about when this one ends. Its final size is not known yet, so it feeds no
         estimate-error sample; the budget is settled in :meth:`finish` as always."""
+        self._give_back(admission, None)
+
+    @staticmethod
+    def _give_back(admission: Admission, actual_tokens: int | None) -> None:
+        """End ``admission``'s reservation, once (``actual_tokens``: its size, if known)."""
         if admission.released:
             return
         admission.released = True
-        admission.runtime.release(admission.admit.reservation_id, None)
+        admission.runtime.release(admission.admit.reservation_id, actual_tokens)
 
     async def finish(self, admission: Admission, status: int, label: str, usage: Usage) -> Outcome:
         """Release the reservation, settle the budget with ``usage``, then record the
