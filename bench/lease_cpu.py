@@ -10,9 +10,10 @@ same run.
 A renewal's computation, as :class:`kvpool.gateway.leases.LeaseKeeper` does it under a
 flood: observe this replica's demand in its peak windows (tiers and limited tenants),
 then compute the allocation twice (the wish, and the wish again on the fresher table the
-answer brings). The plan is the examples' (bench/bench_manifests.py: 1,843 KV tokens and
-8 slots; interactive 893 tokens / 4 slots with reclaim Preempt, batch 475 / 2, eval
-475 / 1), the table four replicas at 70/10/10/10 under the peers bench's flood: every
+answer brings). The plan is the planner's for the examples' manifests on one bench engine
+(checked against ``bench_manifests.compile_mix`` at every run: 1,843 KV tokens and 8
+slots; interactive 893 tokens / 4 slots with reclaim Preempt, batch 475 / 2, eval 475 /
+1), the table four replicas at 70/10/10/10 under the peers bench's flood: every
 replica with batch and eval queued, a chat or two now and then, demand moving at every
 renewal (seeded). Renewals come every 50 ms of simulated time, so a peak window holds
 100 observations as it does under a flood.
@@ -46,6 +47,28 @@ from benchkit import REPO, machine_info, write_results
 RESULTS = REPO / "bench" / "results" / "lease_cpu.json"
 MEMBERS = {"r0": 7, "r1": 1, "r2": 1, "r3": 1}  # ingress weights (70/10/10/10)
 PERIOD = 0.05  # seconds of simulated time between renewals
+# the planner's plan of the examples' mix for one bench engine, (tokens, slots); the run
+# checks them against `bench_manifests.compile_mix` first (a planner change stops it)
+FLOORS = {"interactive": (893, 4), "batch": (475, 2), "eval": (475, 1)}
+SHARED = (0, 1)
+PER_ENGINE = (1843, 8)
+
+
+def planner_mismatch(workdir: Path) -> str | None:
+    """What differs between the figures above and what the planner makes of the
+    examples' manifests for one bench engine (None: nothing)."""
+    from bench_manifests import compile_mix
+
+    planned = compile_mix("examples", ["http://127.0.0.1:9"], workdir).planned()
+    found = {
+        "floors": {t: (f["floor_tokens"], f["floor_slots"]) for t, f in planned["tiers"].items()},
+        "shared": (planned["shared_tokens"], planned["shared_slots"]),
+        "per_engine": (planned["tokens_per_replica"], planned["slots_per_replica"]),
+    }
+    expected = {"floors": FLOORS, "shared": SHARED, "per_engine": PER_ENGINE}
+    if found == expected:
+        return None
+    return f"the planner now plans {found}, this bench times {expected}: update FLOORS"
 
 
 def time_renewals(renewals: int, seed: int) -> dict[str, float]:
@@ -59,18 +82,14 @@ def time_renewals(renewals: int, seed: int) -> dict[str, float]:
     from kvpool.domain.lease.model import LeasePlan, Report, TierDemand
     from kvpool.domain.lease.peaks import PeakWindow
 
-    tiers = ("interactive", "batch", "eval")
+    tiers = tuple(FLOORS)
     plan = LeasePlan(
         tiers=tiers,
-        floors={
-            "interactive": Amount(893, 4),
-            "batch": Amount(475, 2),
-            "eval": Amount(475, 1),
-        },
-        lend_percent={"interactive": 100, "batch": 50, "eval": 100},
+        floors={t: Amount(*floor) for t, floor in FLOORS.items()},
+        lend_percent={"interactive": 100, "batch": 50, "eval": 100},  # examples/tierpolicy
         preempt=frozenset({"interactive"}),
-        shared=Amount(0, 1),
-        per_engine=Amount(1843, 8),
+        shared=Amount(*SHARED),
+        per_engine=Amount(*PER_ENGINE),
         tenants={},
     )
     sizes = {"interactive": (60, 140), "batch": (250, 475), "eval": (164, 264)}
@@ -186,6 +205,10 @@ def main() -> int:
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
     with tempfile.TemporaryDirectory() as tmp:
+        mismatch = planner_mismatch(Path(tmp))
+        if mismatch is not None:
+            print(f"lease_cpu: error: {mismatch}", file=sys.stderr)
+            return 2
         try:
             baseline = extract(args.baseline, Path(tmp))
         except BaselineError as exc:
