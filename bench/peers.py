@@ -25,7 +25,11 @@ Configs:
 - ``kvpool-1``     everyone through a kvpool gateway over A (one-replica plan);
 - ``router-2``     everyone through ``vllm-router --policy cache_aware`` over A and B,
                    callers set ``priority`` (scripts/ensure-vllm-router.sh installs it);
-- ``kvpool-2``     everyone through a kvpool gateway over A and B (two-replica plan).
+- ``kvpool-2``     everyone through a kvpool gateway over A and B (two-replica plan);
+- ``capped-<K>``   (``--capped K ...``) priority, with at most K batch and eval requests
+                   at the engine at once (one client-side semaphore, no gateway): what any
+                   admission that runs K lower-tier sequences could reach at best, so the
+                   row set traces the engine's own trade-off between output and chat TTFT.
 
 Rounds (``--rounds`` of ``--seconds`` each, configs shuffled each round: the machine's
 load drifts). Reported per config: total output tok/s, output share by tier, chat TTFT
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -100,6 +105,7 @@ NO_TARGET = "kvpool-1-no-target"
 # kvpool-1 whose streams hand their place on --handover-tokens before their bound
 HANDOVER = "kvpool-1-handover"
 VARIANTS = (NO_TARGET, HANDOVER)
+CAPPED = "capped-"  # + K: priority with at most K lower-tier requests at the engine
 SHARE_BUCKET_SECONDS = 5.0  # the output-share-over-time series (plot_peers.py draws it)
 
 
@@ -110,9 +116,15 @@ def without_ttft_target(policy: dict[str, Any]) -> None:
 
 
 def configs_of(args: argparse.Namespace) -> tuple[str, ...]:
+    capped = tuple(f"{CAPPED}{k}" for k in args.capped)
     if args.configs:
-        return tuple(c for c in (*CONFIGS, *VARIANTS) if c in args.configs)
-    return (*CONFIGS, NO_TARGET) if args.no_target_variant else CONFIGS
+        return (*(c for c in (*CONFIGS, *VARIANTS) if c in args.configs), *capped)
+    return (*CONFIGS, NO_TARGET, *capped) if args.no_target_variant else (*CONFIGS, *capped)
+
+
+def lower_tier_cap(name: str) -> int | None:
+    """K of a ``capped-<K>`` config, else None."""
+    return int(name.removeprefix(CAPPED)) if name.startswith(CAPPED) else None
 
 
 @dataclass
@@ -260,6 +272,7 @@ class Load:
     priorities: bool  # callers set vLLM's `priority` (direct and router configs)
     keys: dict[str, str]
     seed: int
+    lower_tier_cap: int | None = None  # at most this many batch and eval requests at once
 
 
 async def chat_sessions(
@@ -327,6 +340,7 @@ async def worker(
     tally: Tally,
     seed: int,
     stop_at: float,
+    cap: asyncio.Semaphore | None = None,
 ) -> None:
     rng = random.Random(seed)
     mix = load.mix
@@ -345,15 +359,16 @@ async def worker(
         }
         if load.priorities:
             body["priority"] = PRIORITY[tier]
-        await _stream(
-            session,
-            f"{base}/v1/completions",
-            load.keys[tier],
-            tier,
-            body,
-            tally,
-            stop_at - time.monotonic(),
-        )
+        async with cap or contextlib.nullcontext():
+            await _stream(
+                session,
+                f"{base}/v1/completions",
+                load.keys[tier],
+                tier,
+                body,
+                tally,
+                stop_at - time.monotonic(),
+            )
 
 
 def queue_histograms(text: str) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
@@ -446,12 +461,13 @@ async def run_config(
             sample(session, engines, gateway_metrics, tally, stop_at),
         ]
         if not load.chat_only:
+            cap = asyncio.Semaphore(load.lower_tier_cap) if load.lower_tier_cap else None
             jobs += [
-                worker(session, base, "batch", load, tally, load.seed + 1 + i, stop_at)
+                worker(session, base, "batch", load, tally, load.seed + 1 + i, stop_at, cap)
                 for i in range(load.batch_workers * scale)
             ]
             jobs += [
-                worker(session, base, "eval", load, tally, load.seed + 1000 + i, stop_at)
+                worker(session, base, "eval", load, tally, load.seed + 1000 + i, stop_at, cap)
                 for i in range(load.eval_workers * scale)
             ]
         await asyncio.gather(*jobs)
@@ -582,6 +598,9 @@ async def run_all(
             "priority": (engines["A"].base_url, [engines["A"]], None),
         }
         configs = configs_of(args)
+        for name in configs:
+            if lower_tier_cap(name):
+                bases[name] = bases["priority"]
         quiet_log: tuple[str, ...] = ("--no-access-log",)
         kvpools = [
             ("kvpool-1", ["A"], None, quiet_log),
@@ -629,6 +648,7 @@ async def run_all(
                     priorities=not name.startswith("kvpool") and name != "fcfs",
                     keys=keys,
                     seed=args.seed + round_index,
+                    lower_tier_cap=lower_tier_cap(name),
                 )
                 print(f"round {round_index + 1}/{args.rounds}: {name}", flush=True)
                 tally = await run_config(base, used_engines, load, args.seconds, gw_metrics)
@@ -689,7 +709,43 @@ def compare(configs: dict[str, Any]) -> dict[str, Any]:
                 "preemptions_le_10pct_peer": kv["preemptions"] <= 0.1 * peer["preemptions"],
             },
         }
+    frontier = engine_frontier(configs)
+    if frontier:
+        out["engine_frontier"] = frontier
     return out
+
+
+def engine_frontier(configs: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``capped-<K>`` rows against priority and chat alone: the output and chat TTFT an
+    admission running K lower-tier requests could reach at best on this engine, the least
+    chat p95 (x alone) among those with output >= 0.95x priority's, and kvpool-1 beside
+    them. None without capped rows, priority or chat alone."""
+    peer, alone = configs.get("priority"), configs.get("chat-alone")
+    capped = sorted((k, row) for n, row in configs.items() if (k := lower_tier_cap(n)))
+    if not capped or not peer or not alone or not peer["total_tokens_per_s"]:
+        return None
+    alone_p95 = alone["chat_ttft_p95_ms"] or 0.0
+
+    def point(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "output_ratio": round(row["total_tokens_per_s"] / peer["total_tokens_per_s"], 3),
+            "chat_p95_ms": row["chat_ttft_p95_ms"],
+            "chat_p99_ms": row["chat_ttft_p99_ms"],
+            "chat_p95_over_alone": round(row["chat_ttft_p95_ms"] / alone_p95, 2)
+            if alone_p95 and row["chat_ttft_p95_ms"]
+            else None,
+            "preemptions": row["preemptions"],
+        }
+
+    points = {str(k): point(row) for k, row in capped}
+    full = [p["chat_p95_over_alone"] for p in points.values() if p["output_ratio"] >= 0.95]
+    return {
+        "by_lower_tier_cap": points,
+        "least_chat_p95_over_alone_at_0_95x_output": min(
+            (x for x in full if x is not None), default=None
+        ),
+        "kvpool-1": point(configs["kvpool-1"]) if "kvpool-1" in configs else None,
+    }
 
 
 def print_table(configs: dict[str, Any]) -> None:
@@ -771,6 +827,24 @@ def print_markdown(configs: dict[str, Any]) -> None:
         )
 
 
+def print_frontier(frontier: dict[str, Any]) -> None:
+    """The engine's trade-off (capped-K rows) with kvpool-1 beside it."""
+    print("| lower-tier cap K | output x priority | chat p95 (x alone) | chat p99 | preemptions |")
+    print("|---|---|---|---|---|")
+    rows = [(f"capped-{k}", p) for k, p in frontier["by_lower_tier_cap"].items()]
+    if frontier["kvpool-1"]:
+        rows.append(("kvpool-1", frontier["kvpool-1"]))
+    for name, p in rows:
+        print(
+            f"| {name} | {p['output_ratio']} | {p['chat_p95_ms']} ms "
+            f"({p['chat_p95_over_alone']}) | {p['chat_p99_ms']} ms | {p['preemptions']} |"
+        )
+    print(
+        "least chat p95 x alone with output >= 0.95x priority: "
+        f"{frontier['least_chat_p95_over_alone_at_0_95x_output']}"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke: 2 rounds x 12 s")
@@ -790,6 +864,15 @@ def parse_args() -> argparse.Namespace:
         choices=(*CONFIGS, *VARIANTS),
         default=None,
         help="run only these configs; the comparison covers the pairs present",
+    )
+    parser.add_argument(
+        "--capped",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="K",
+        help="also run capped-K: priority with at most K batch and eval requests at the "
+        f"engine (1-{MAX_NUM_SEQS}; the engine's own output / chat TTFT trade-off)",
     )
     parser.add_argument(
         "--handover-tokens",
@@ -815,6 +898,8 @@ def parse_args() -> argparse.Namespace:
         help="hold /work/.quiet windows (12 min, then 3 min released) while measuring",
     )
     args = parser.parse_args()
+    if any(not 1 <= k <= MAX_NUM_SEQS for k in args.capped):
+        parser.error(f"--capped: each K must be 1-{MAX_NUM_SEQS} (the engine's sequences)")
     args.rounds = args.rounds or (2 if args.quick else 4)
     args.seconds = args.seconds or (12.0 if args.quick else 60.0)
     args.quiet = args.quiet and QUIET.parent.is_dir()
@@ -882,6 +967,8 @@ def main() -> int:
     print_markdown(result["configs"])
     for key, value in result["comparison"].items():
         print(f"{key}: {value}")
+    if "engine_frontier" in result["comparison"]:
+        print_frontier(result["comparison"]["engine_frontier"])
     print(f"wrote {write_results(path, result)}")
     return 0
 
