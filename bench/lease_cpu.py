@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -71,20 +72,14 @@ def planner_mismatch(workdir: Path) -> str | None:
     return f"the planner now plans {found}, this bench times {expected}: update FLOORS"
 
 
-def time_renewals(renewals: int, seed: int) -> dict[str, float]:
-    """Time ``renewals`` renewals of replica r0 with the code on ``sys.path``; returns
-    CPU milliseconds a renewal (the median of 5 repetitions) and the checksum of the
-    leases computed (equal across versions when they compute the same)."""
-    import random
-
+def flood_plan() -> Any:
+    """The examples' plan for one bench engine as a LeasePlan (of the code on
+    ``sys.path``: imported here, so each version's process uses its own)."""
     from kvpool.domain.admission.amount import Amount
-    from kvpool.domain.lease import plan_leases
-    from kvpool.domain.lease.model import LeasePlan, Report, TierDemand
-    from kvpool.domain.lease.peaks import PeakWindow
+    from kvpool.domain.lease.model import LeasePlan
 
-    tiers = tuple(FLOORS)
-    plan = LeasePlan(
-        tiers=tiers,
+    return LeasePlan(
+        tiers=tuple(FLOORS),
         floors={t: Amount(*floor) for t, floor in FLOORS.items()},
         lend_percent={"interactive": 100, "batch": 50, "eval": 100},  # examples/tierpolicy
         preempt=frozenset({"interactive"}),
@@ -92,20 +87,42 @@ def time_renewals(renewals: int, seed: int) -> dict[str, float]:
         per_engine=Amount(*PER_ENGINE),
         tenants={},
     )
-    sizes = {"interactive": (60, 140), "batch": (250, 475), "eval": (164, 264)}
 
-    def demand(rng: random.Random, weight: int, tier: str) -> TierDemand:
-        low, high = sizes[tier]
-        if tier == "interactive":
-            running = rng.choice([0, 0, 1, 1, 2]) if rng.random() < weight / 7 else 0
-            queued = 0
-        else:
-            running = rng.randint(0, 2 if weight > 1 else 1)
-            queued = rng.randint(weight, 4 * weight)
-        held = Amount(sum(rng.randint(low, high) for _ in range(running)), running)
-        head = rng.randint(low, high) if queued else 0
-        now = held + Amount(head * queued, queued)
-        return TierDemand(now=now, peak=now, head_tokens=head, held=held)
+
+FLOOD_SIZES = {"interactive": (60, 140), "batch": (250, 475), "eval": (164, 264)}
+
+
+def flood_demand(rng: random.Random, weight: int, tier: str) -> Any:
+    """One replica's demand of ``tier`` under the flood, at ingress weight ``weight`` of 7:
+    a chat or two now and then; batch and eval running one or two and queuing more."""
+    from kvpool.domain.admission.amount import Amount
+    from kvpool.domain.lease.model import TierDemand
+
+    low, high = FLOOD_SIZES[tier]
+    if tier == "interactive":
+        running = rng.choice([0, 0, 1, 1, 2]) if rng.random() < weight / 7 else 0
+        queued = 0
+    else:
+        running = rng.randint(0, 2 if weight > 1 else 1)
+        queued = rng.randint(weight, 4 * weight)
+    held = Amount(sum(rng.randint(low, high) for _ in range(running)), running)
+    head = rng.randint(low, high) if queued else 0
+    now = held + Amount(head * queued, queued)
+    return TierDemand(now=now, peak=now, head_tokens=head, held=held)
+
+
+def time_renewals(renewals: int, seed: int) -> dict[str, float]:
+    """Time ``renewals`` renewals of replica r0 with the code on ``sys.path``; returns
+    CPU milliseconds a renewal (the median of 5 repetitions) and the checksum of the
+    leases computed (equal across versions when they compute the same)."""
+    from kvpool.domain.admission.amount import Amount
+    from kvpool.domain.lease import plan_leases
+    from kvpool.domain.lease.model import Report, TierDemand
+    from kvpool.domain.lease.peaks import PeakWindow
+
+    plan = flood_plan()
+    tiers = plan.tiers
+    demand = flood_demand
 
     def checksum(leases: dict[str, Any]) -> int:
         lease = leases["r0"]
@@ -140,11 +157,15 @@ def time_renewals(renewals: int, seed: int) -> dict[str, float]:
     return {"cpu_ms_per_renewal": round(timings[2], 4), "checksum": total}
 
 
-def run_version(operator_dir: Path, renewals: int, seed: int) -> dict[str, float]:
-    """This file's timing in a child process with ``operator_dir`` first on the path."""
+def run_version(
+    operator_dir: Path, renewals: int, seed: int, function: str = "lease_cpu.time_renewals"
+) -> dict[str, Any]:
+    """``function(renewals, seed)`` (a bench module's, by dotted name) in a child process
+    with ``operator_dir`` first on the path; its JSON answer."""
+    module, name = function.rsplit(".", 1)
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]);"
-        "from lease_cpu import time_renewals as r;"
+        f"from {module} import {name} as r;"
         "print(json.dumps(r(int(sys.argv[3]), int(sys.argv[4]))))"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -164,7 +185,7 @@ def run_version(operator_dir: Path, renewals: int, seed: int) -> dict[str, float
         env=env,
         cwd=tempfile.gettempdir(),  # not the repo: the installed kvpool must not shadow
     )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 

@@ -35,6 +35,11 @@ before the kill, and until r2's first request streams.
     .venv/bin/python bench/scaleout.py            # 3 rounds of 25 s a scenario (~12 min)
     .venv/bin/python bench/scaleout.py --quick    # 1 round of 10 s (~4 min)
 
+``--engine-scale F`` multiplies the engine (KV tokens and sequences), the mix's peak
+concurrency declared to the planner and the load (chat rate, workers) by F: the same
+scenarios where a replica's lease holds F times as many requests, which is what a GPU
+engine's tens of sequences look like to the leases (docs/0008: fragments shrink with it).
+
 Prints a table and writes bench/results/scaleout.json.
 """
 
@@ -50,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +69,14 @@ from tests.support.gateway import GatewayProcess
 from tests.support.redis_server import RedisServer
 from tests.support.tiny_model import tiny_model_dir
 
-from bench_manifests import KV_TOKENS, MAX_MODEL_LEN, MAX_NUM_SEQS, BenchPlan, compile_mix
+from bench_manifests import (
+    KV_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    MIXES,
+    BenchPlan,
+    compile_mix,
+)
 from benchkit import (
     bootstrap_ratio_interval,
     fetch_text,
@@ -638,13 +650,13 @@ async def faults(
 # --- the run -------------------------------------------------------------------------------
 
 
-def start_engine(workdir: Path) -> VllmEngine:
+def start_engine(workdir: Path, scale: int) -> VllmEngine:
     config = EngineConfig(
         model_dir=tiny_model_dir(),
         served_model_name="tiny",
-        kv_cache_memory_bytes=KV_TOKENS * 1024,
+        kv_cache_memory_bytes=KV_TOKENS * scale * 1024,
         block_size=32,
-        max_num_seqs=MAX_NUM_SEQS,
+        max_num_seqs=MAX_NUM_SEQS * scale,
         max_model_len=MAX_MODEL_LEN,
         scheduling_policy="priority",
         extra_args=("--no-enable-prefix-caching",),
@@ -655,14 +667,18 @@ def start_engine(workdir: Path) -> VllmEngine:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     os.sched_setaffinity(0, {ENGINE_CORE})  # the engine inherits this
-    engine = await asyncio.to_thread(start_engine, workdir)
+    scale = args.engine_scale
+    engine = await asyncio.to_thread(start_engine, workdir, scale)
     pin_process({CLIENT_CORE})  # the load generator, Redis and the gateways
     redis = RedisServer(workdir / "redis").start()
+    mix = MIXES[args.mix]
     plan = compile_mix(
-        args.mix,
+        replace(mix, peak={tier: n * scale for tier, n in mix.peak.items()}),
         {"tiny": [engine.base_url]},
         workdir,
         tokenizer_path=tiny_model_dir() / "tokenizer.json",
+        kv_tokens=KV_TOKENS * scale,
+        max_num_seqs=MAX_NUM_SEQS * scale,
     )
     print(plan.describe(), flush=True)
     names = [n for n in SCENARIOS if n in args.scenarios]
@@ -753,8 +769,20 @@ def main() -> int:
     parser.add_argument(
         "--warmup", type=float, default=10.0, help="seconds of unmeasured load first (0: none)"
     )
+    parser.add_argument(
+        "--engine-scale",
+        type=int,
+        default=1,
+        metavar="F",
+        help="engine KV tokens and sequences, declared peaks and load times F (1-8; default 1)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if not 1 <= args.engine_scale <= 8:
+        parser.error(f"--engine-scale {args.engine_scale}: give a whole number from 1 to 8")
+    args.chat_rate *= args.engine_scale
+    args.batch *= args.engine_scale
+    args.eval *= args.engine_scale
     if args.quick:
         args.rounds, args.seconds = 1, 10.0
         if args.output == RESULTS:

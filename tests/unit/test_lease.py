@@ -405,6 +405,47 @@ ALLOCATION_CASES = [
         shared={"a": A(200, 2), "b": A(0, 2), "c": ZERO},
         loans={"a": {"interactive": A(400, 2)}, "b": {"interactive": A(400, 1)}},
     ),
+    AllocationCase(
+        id="a-wait-floors-pieces-move-to-where-they-start-a-request",
+        plan=LeasePlan(
+            tiers=("batch",),
+            floors={"batch": A(600, 4)},
+            lend_percent={"batch": 0},
+            preempt=frozenset(),
+            shared=ZERO,
+            per_engine=A(600, 4),
+        ),
+        reports={  # a runs one of 300 and queues one of 350; b queues two of 200
+            "a": Report({"batch": TierDemand(A(650, 2), A(650, 2), 350, held=A(300, 1))}),
+            "b": Report({"batch": TierDemand(A(400, 2), A(400, 2), 200)}),
+        },
+        # the floor by demand gave a 550 (250 idle, its next needs 350) and b 50 (its next
+        # needs 200): 300 idle, nothing starts. 150 of a's piece completes b's next request
+        floors={"a": {"batch": A(400, 2)}, "b": {"batch": A(200, 2)}},
+    ),
+    AllocationCase(
+        id="a-preempt-floors-idle-piece-is-lent-where-it-starts-a-request",
+        plan=LeasePlan(
+            tiers=("interactive", "batch"),
+            floors={"interactive": A(400, 2), "batch": A(400, 2)},
+            lend_percent={"interactive": 100, "batch": 0},
+            preempt=frozenset({"interactive"}),
+            shared=ZERO,
+            per_engine=A(800, 4),
+        ),
+        reports={  # no chats; a queues two batch requests of 350, b one
+            "a": Report({"batch": TierDemand(A(700, 2), A(700, 2), 350)}),
+            "b": Report({"batch": TierDemand(A(350, 1), A(350, 1), 350)}),
+        },
+        # a starts one on its batch floor and has 50 + 267 of interactive for the next
+        # (350); b's 133 of interactive starts nothing there. 33 of it is booked as a's
+        # loan (b keeps its floor: a chat at b takes it back through the engine)
+        floors={
+            "a": {"interactive": A(267, 1), "batch": A(400, 1)},
+            "b": {"interactive": A(133, 1), "batch": A(0, 1)},
+        },
+        loans={"a": {"interactive": A(33, 0)}, "b": {}},
+    ),
 ]
 
 
@@ -423,6 +464,39 @@ def test_allocation(case: AllocationCase) -> None:
 
 def test_no_replica_gets_no_lease() -> None:
     assert plan_leases(three_tiers(), {}) == {}
+
+
+def test_an_idle_preempt_floor_is_lent_once_whichever_replicas_it_could_start() -> None:
+    # a flood at 70/10/10/10 (sampled by bench/lease_fragments.py): no chats anywhere, the
+    # interactive floor placed where the borrowers are; consolidation lends pieces of it to
+    # several replicas, and a piece booked for one must not be booked again for another
+    plan = LeasePlan(
+        tiers=("interactive", "batch", "eval"),
+        floors={"interactive": A(893, 4), "batch": A(475, 2), "eval": A(475, 1)},
+        lend_percent={"interactive": 100, "batch": 50, "eval": 100},
+        preempt=frozenset({"interactive"}),
+        shared=A(0, 1),
+        per_engine=A(1843, 8),
+    )
+    flood = {  # (batch now, head, held), (eval now, head, held)
+        "r0": ((A(10065, 24), 423, A(759, 2)), (A(2775, 13), 217, A(171, 1))),
+        "r1": ((A(1344, 3), 448, ZERO), (A(1088, 5), 223, A(196, 1))),
+        "r2": ((A(1182, 3), 394, ZERO), (A(459, 2), 242, A(217, 1))),
+        "r3": ((A(781, 3), 254, A(273, 1)), (A(364, 2), 182, ZERO)),
+    }
+    reports = {
+        member: Report(
+            {
+                tier: TierDemand(now, now, head, held=held)
+                for tier, (now, head, held) in zip(("batch", "eval"), tiers, strict=True)
+            }
+        )
+        for member, tiers in flood.items()
+    }
+    leases = plan_leases(plan, reports)
+    lent = sum((x.loans.get("interactive", ZERO) for x in leases.values()), ZERO)
+    assert lent.tokens > 0  # consolidation lent some of it
+    assert lent.tokens <= 893 and lent.slots <= 4
 
 
 def test_the_allocation_is_the_same_whatever_order_the_reports_come_in() -> None:

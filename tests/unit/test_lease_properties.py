@@ -64,6 +64,17 @@ def plans(draw: st.DrawFn) -> LeasePlan:
     )
 
 
+# the planner's plan of the examples' manifests for one bench engine (bench/lease_cpu.py)
+EXAMPLES = LeasePlan(
+    tiers=("interactive", "batch", "eval"),
+    floors={"interactive": Amount(893, 4), "batch": Amount(475, 2), "eval": Amount(475, 1)},
+    lend_percent={"interactive": 100, "batch": 50, "eval": 100},
+    preempt=frozenset({"interactive"}),
+    shared=Amount(0, 1),
+    per_engine=Amount(1843, 8),
+)
+
+
 def amounts() -> st.SearchStrategy[Amount]:
     return st.builds(Amount, st.integers(0, 1500), st.integers(0, 8))
 
@@ -148,15 +159,28 @@ def test_consolidation_moves_only_what_requests_in_flight_do_not_hold(
     with with_no_moves as patch:
         patch.setattr(allocation, "_consolidate", lambda *_: None)
         unmoved = plan_leases(plan, table)
-    # every constraint group sums to the same: only the shared part and loans moved
-    assert sum_components(x.components() for x in leases.values()) == sum_components(
-        x.components() for x in unmoved.values()
-    )
+    # every constraint group sums to the same: the shared part, loans and Wait floors
+    # moved; only loans of a Preempt tier's idle lendable floor may be booked on top (the
+    # lender keeps it; test_the_allocation_places_everything_and_never_more bounds them)
+    after = sum_components(x.components() for x in leases.values())
+    before = sum_components(x.components() for x in unmoved.values())
+    booked = {f"loan.{dim}.{t}" for dim in DIMENSIONS for t in plan.preempt}
+    assert {k: v for k, v in after.items() if k not in booked} == {
+        k: v for k, v in before.items() if k not in booked
+    }
+    assert all(after.get(k, 0) >= before.get(k, 0) for k in booked)
     for m in members:
         for dim in DIMENSIONS:
 
             def part(a: Amount, d: str = dim) -> int:
                 return a.tokens if d == "tokens" else a.slots
+
+            for t in plan.tiers:
+                floor, was = part(leases[m].floors[t]), part(unmoved[m].floors[t])
+                if t in plan.preempt:  # a Preempt floor stays where its requests arrive
+                    assert floor == was, (m, dim, t)
+                else:  # a Wait floor gives up only what its requests in flight do not hold
+                    assert floor >= min(was, part(table[m].demand(t).held)), (m, dim, t)
 
             def pooled(lease: Lease) -> int:
                 return part(lease.shared) + sum(part(v) for v in lease.loans.values())
@@ -167,6 +191,50 @@ def test_consolidation_moves_only_what_requests_in_flight_do_not_hold(
             )
             # what runs above its floors keeps its place in the shared part and loans
             assert pooled(leases[m]) >= min(pooled(unmoved[m]), above), (m, dim)
+
+
+@st.composite
+def flooded(draw: st.DrawFn, plan: LeasePlan) -> Report:
+    """A replica under a flood: the ``Wait`` tiers run a request or two and queue more of
+    their head's size, a ``Preempt`` tier (a chat) runs one now and then (the tables where
+    floors, loans and the shared part split in pieces, as in bench/lease_fragments.py)."""
+    tiers = {}
+    for tier in plan.tiers:
+        head = draw(st.integers(1, 600))
+        chat = tier in plan.preempt
+        running = draw(st.integers(0, 1 if chat else 2))
+        held = Amount(sum(draw(st.integers(1, 600)) for _ in range(running)), running)
+        queued = 0 if chat else draw(st.integers(0, 12))
+        now = held + Amount(head * queued, queued)
+        tiers[tier] = TierDemand(now=now, peak=now, head_tokens=head if queued else 0, held=held)
+    return Report(tiers=tiers)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(data=st.data())
+def test_under_a_flood_loans_and_standbys_stay_within_the_lendable_floor(
+    data: st.DataObject,
+) -> None:
+    plan = data.draw(st.one_of(st.just(EXAMPLES), plans()))
+    members = data.draw(st.lists(st.sampled_from("abcd"), min_size=3, max_size=4, unique=True))
+    leases = plan_leases(plan, {m: data.draw(flooded(plan)) for m in members})
+    for dim in DIMENSIONS:
+
+        def part(a: Amount, d: str = dim) -> int:
+            return a.tokens if d == "tokens" else a.slots
+
+        for tier in plan.tiers:
+            lent = sum(
+                part(x.loans.get(tier, ZERO)) + part(x.standby.get(tier, ZERO))
+                for x in leases.values()
+            )
+            placed = sum(part(x.floors.get(tier, ZERO)) for x in leases.values())
+            if tier in plan.preempt:  # booked twice: the lender keeps its floor
+                assert placed == part(plan.floors[tier]), (dim, tier)
+                assert lent <= part(plan.lendable(tier, plan.floors[tier])), (dim, tier)
+            else:  # what a Wait tier lends has moved
+                assert placed + lent == part(plan.floors[tier]), (dim, tier)
+        assert sum(part(x.shared) for x in leases.values()) == part(plan.shared), dim
 
 
 @settings(max_examples=150, deadline=None)

@@ -45,9 +45,16 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    queues waits. Walking each replica's lease as its dispatcher would, the shared and
    loaned part left idle where queues still wait goes to the replica whose next request
    it completes (highest priority, then least lacking, first; one request a receiver a
-   renewal). Only the shared part and loans move (a borrower does not care whose they
-   are), so every group's sum is unchanged; a loan never moves onto a replica whose own
-   idle floor it is booked on.
+   renewal). A floor split over several replicas leaves pieces too: the idle piece of a
+   ``Wait`` tier's floor at a replica where that tier's own next request does not fit it
+   moves to a replica where the same tier waits (it serves the tier only where it starts
+   a request), and the idle lendable floor of a ``Preempt`` tier that nothing at its
+   replica can use is lent, booked on the lender as in step 5 (the lender keeps it, and
+   takes it back through the engines' preemption). The shared part, loans and ``Wait``
+   floor pieces only move, so their groups sum to the same; a replica never gives up
+   what its requests in flight hold; a ``Preempt`` tier's floor stays where its
+   requests arrive, and loans and standbys on it stay within its lendable part; a loan
+   never moves onto a replica whose own idle floor it is booked on.
 
 Tenants' ``maxConcurrency``: split max-min fair over the replicas' peak in-flight+queued
 requests of the tenant, the rest in equal parts over every replica (a limit is no
@@ -72,6 +79,7 @@ requests waiting or running):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease.model import DIMENSIONS, Lease, LeasePlan, Report
@@ -410,6 +418,35 @@ class _Dimension:
 
     # -- consolidation (step 7) ------------------------------------------------------------
 
+    def bookable(self, member: str, tier: str) -> int:
+        """What more of ``member``'s lendable floor of ``tier`` (a Preempt tier) loans and
+        standbys may be booked on: its lendable part less what the tier holds there,
+        the standbys and the loans already booked on it."""
+        booked = sum(on.get(tier, {}).get(member, 0) for on in self.booked.values())
+        return max(0, self._lendable_free(member, tier) - booked)
+
+    def lend(self, lender: str, receiver: str, tier: str, amount: int) -> int:
+        """Book a loan of up to ``amount`` of ``lender``'s idle lendable floor of ``tier``
+        (a Preempt tier: the lender keeps it) for ``receiver``. Returns what was booked."""
+        take = max(0, min(amount, self.bookable(lender, tier)))
+        if take:
+            self.loans[receiver][tier] = self.loans[receiver].get(tier, 0) + take
+            on = self.booked[receiver].setdefault(tier, {})
+            on[lender] = on.get(lender, 0) + take
+            _settle_need(self.need[receiver], -take, self.plan.tiers)
+        return take
+
+    def move_floor(self, donor: str, receiver: str, tier: str, amount: int) -> int:
+        """Move up to ``amount`` of ``donor``'s floor of ``tier`` that its requests in
+        flight do not hold to ``receiver``. Returns what moved."""
+        free = self.floors[donor][tier] - self.held[donor][tier]
+        take = max(0, min(amount, free))
+        self.floors[donor][tier] -= take
+        self.floors[receiver][tier] += take
+        _settle_need(self.need[receiver], -take, self.plan.tiers)
+        _settle_need(self.need[donor], take, self.plan.tiers)
+        return take
+
     def move(self, donor: str, receiver: str, amount: int) -> int:
         """Move up to ``amount`` of ``donor``'s shared part and loans to ``receiver`` (the
         shared part first, then the largest loans); a loan moves with its booking, never
@@ -469,14 +506,18 @@ def _consolidate(
 ) -> None:
     """Consolidation (module docstring, step 7), in both dimensions at once: a replica
     whose queues still wait after the requests its lease starts (as its dispatcher would
-    start them, :func:`_next_start`) holds the shared and loaned left-over idle; it goes
-    to another such replica whose next request it completes, highest priority and
+    start them, :func:`_next_start`) holds the shared and loaned left-over idle, the
+    piece of a ``Wait`` tier's floor its own next request of that tier does not fit, and
+    a ``Preempt`` tier's lendable floor nothing of it can use; they go to another such
+    replica whose next request they complete (a floor piece only where its tier is the
+    one that waits; a ``Preempt`` floor as a loan booked on it), highest priority and
     nearest to starting first, one request per receiver and renewal."""
     rank = {t: i for i, t in enumerate(plan.tiers)}
+    by_dim = {d.dim: d for d in dims}
     receivers: set[str] = set()
     donors: set[str] = set()
 
-    def waiting() -> dict[str, tuple[str, dict[str, int], dict[str, int]]]:
+    def waiting() -> dict[str, _Waiting]:
         out = {}
         for member in dims[0].members:
             found = _next_start(plan, reports[member], member, dims)
@@ -484,22 +525,48 @@ def _consolidate(
                 out[member] = found
         return out
 
+    def offer(giver: str, tier: str, dim: str) -> tuple[int, int, dict[str, int]]:
+        """What ``giver`` leaves idle for a receiver waiting in ``tier``: (shared and
+        loaned, floor of ``tier``, per Preempt tier the lendable floor it may book)."""
+        waits = now[giver]
+        floor = waits.stuck_floors[dim].get(tier, 0) if tier not in plan.preempt else 0
+        d = by_dim[dim]
+        loanable = {
+            t: min(v, d.bookable(giver, t))
+            for t, v in waits.stuck_lendable[dim].items()
+            if t != tier
+        }
+        return waits.pooled[dim], floor, {t: v for t, v in loanable.items() if v > 0}
+
+    def total(giver: str, tier: str, dim: str) -> int:
+        pooled, floor, loanable = offer(giver, tier, dim)
+        return pooled + floor + sum(loanable.values())
+
     now = waiting()
-    order = sorted(now, key=lambda m: (rank[now[m][0]], now[m][1]["tokens"], now[m][1]["slots"], m))
+    order = sorted(
+        now,
+        key=lambda m: (rank[now[m].tier], now[m].lack["tokens"], now[m].lack["slots"], m),
+    )
     for member in order:
         if member in donors or member not in now:
             continue
-        _, lack, _ = now[member]
+        tier, lack = now[member].tier, now[member].lack
         wants = {d.dim: min(lack[d.dim], sum(d.need[member].values())) for d in dims}
         givers = [m for m in now if m != member and m not in receivers]
-        if not all(sum(now[m][2][d.dim] for m in givers) >= wants[d.dim] for d in dims):
+        if not all(sum(total(m, tier, d.dim) for m in givers) >= wants[d.dim] for d in dims):
             continue
         for d in dims:
             want = wants[d.dim]
-            for giver in sorted(givers, key=lambda m: (-now[m][2][d.dim], m)):
+            for giver in sorted(givers, key=lambda m: (-total(m, tier, d.dim), m)):
                 if want <= 0:
                     break
-                moved = d.move(giver, member, min(want, now[giver][2][d.dim]))
+                pooled, floor, loanable = offer(giver, tier, d.dim)
+                moved = d.move(giver, member, min(want, pooled))
+                if want - moved > 0 and floor > 0:
+                    moved += d.move_floor(giver, member, tier, min(want - moved, floor))
+                for lender, amount in loanable.items():
+                    if want - moved > 0:
+                        moved += d.lend(giver, member, lender, min(want - moved, amount))
                 want -= moved
                 if moved:
                     donors.add(giver)
@@ -507,16 +574,30 @@ def _consolidate(
         now = waiting()  # only a move changes who waits (the walk is pure)
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """A replica whose queues still wait under the allocation so far (:func:`_next_start`)."""
+
+    tier: str  # the first tier that waits
+    lack: dict[str, int]  # per dimension: what its next request lacks to start
+    pooled: dict[str, int]  # per dimension: the shared and loaned part left idle
+    # per dimension and tier that waits here: the idle piece of its floor (too small for
+    # its next request)
+    stuck_floors: dict[str, dict[str, int]]
+    # per dimension and Preempt tier: its lendable floor here that nothing here can use
+    stuck_lendable: dict[str, dict[str, int]]
+
+
 def _next_start(
     plan: LeasePlan, report: Report, member: str, dims: Sequence[_Dimension]
-) -> tuple[str, dict[str, int], dict[str, int]] | None:
+) -> _Waiting | None:
     """Whether ``member``'s queues still wait under the allocation so far, walked as its
     dispatcher would (tiers by priority, each head request inside its own floor, else
     borrowing the shared part, the loans and the others' idle lendable floors; once a
     tier's next request cannot start, lower tiers start only inside their floors), with
     every queued request the size of its tier's head. None when nothing waits; else the
-    first tier that waits, what it lacks to start its next request, and the shared and
-    loaned part left idle (per dimension)."""
+    first tier that waits, what it lacks to start its next request, the shared and loaned
+    part left idle, and the idle floor of each tier that waits (per dimension)."""
     own: dict[str, dict[str, int]] = {}  # per dimension and tier: its idle floor
     lendable: dict[str, dict[str, int]] = {}
     pool: dict[str, int] = {}  # the shared part and the loans, less what runs above floors
@@ -531,7 +612,8 @@ def _next_start(
             for t in plan.tiers
         }
     slots = next(d for d in dims if d.dim == "slots")
-    found: tuple[str, dict[str, int], dict[str, int]] | None = None
+    found: tuple[str, dict[str, int]] | None = None
+    stuck: list[str] = []  # the tiers whose next request does not start
     for tier in plan.tiers:
         head = report.demand(tier).head_tokens
         queued = slots.now[member][tier] - slots.held[member][tier]  # requests waiting
@@ -551,12 +633,23 @@ def _next_start(
             else:
                 break
             queued -= 1
+        if queued > 0:
+            stuck.append(tier)
         if queued > 0 and found is None:
             lack = {k: max(0, size[k] - _reach(own, lendable, pool, k, tier)) for k in size}
-            found = (tier, lack, {})
+            found = (tier, lack)
     if found is None:
         return None
-    return found[0], found[1], {k: max(0, v) for k, v in pool.items()}
+    return _Waiting(
+        tier=found[0],
+        lack=found[1],
+        pooled={k: max(0, v) for k, v in pool.items()},
+        stuck_floors={k: {t: own[k][t] for t in stuck if own[k][t] > 0} for k in own},
+        stuck_lendable={
+            k: {t: lendable[k][t] for t in plan.preempt if lendable[k].get(t, 0) > 0}
+            for k in lendable
+        },
+    )
 
 
 def _reach(
