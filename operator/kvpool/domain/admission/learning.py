@@ -26,7 +26,8 @@ which retracts and raises the ratio when the cache runs out). Where the ratio se
 above ``minimum``, the busy polls that saw a preemption are ``step / (step + backoff)`` of
 them: 9 % at the defaults. The earlier backoff of 0.25 (3.8 %) held one engine at 0.91x
 the output of the engine's own priority scheduling with 48 preemptions in 4 minutes
-against its 1,365; 0.1 gave 1.01x with 70 (docs/0009, "The overcommit's backoff").
+against its 1,365; 0.1 gave 0.98x and 1.01x with 67 and 70 (docs/0009, "The overcommit's
+backoff").
 The top tier always reserves its full learned output: its requests run at the highest
 engine priority and are never the ones preempted.
 
