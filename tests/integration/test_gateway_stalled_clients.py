@@ -21,6 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import AdmissionConfigBuilder
@@ -33,15 +34,24 @@ CHUNK_BYTES = 32 * 1024  # content bytes of each event
 CHUNKS = 160  # events of each answer: 5 MiB, beyond the socket buffers
 
 
+def metric_families(gateway: GatewayProcess) -> list[Metric]:
+    with urllib.request.urlopen(gateway.metrics_url, timeout=5) as resp:
+        return list(text_string_to_metric_families(resp.read().decode()))
+
+
 def slots_in_use(gateway: GatewayProcess) -> int:
     """Sequence slots the gateway holds for requests in flight (all tiers, all tracks)."""
-    with urllib.request.urlopen(gateway.metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
     held = 0.0
-    for family in text_string_to_metric_families(text):
+    for family in metric_families(gateway):
         if family.name == "kvpool_gateway_tier_slots":
             held += sum(s.value for s in family.samples if s.labels.get("kind") == "in_use")
     return int(held)
+
+
+def memory_trims(gateway: GatewayProcess) -> int:
+    """Heap trims the gateway ran (``kvpool_gateway_memory_trims_total``)."""
+    families = metric_families(gateway)
+    return int(sum(f.samples[0].value for f in families if f.name == "kvpool_gateway_memory_trims"))
 
 
 def never_reading_stream(port: int) -> socket.socket:
@@ -163,8 +173,10 @@ async def test_never_reading_streams_are_cut_and_release_their_reservations(
     mib = 1024 * 1024
     assert rss_after <= rss_before * 1.10, (
         f"gateway RSS {rss_before / mib:.0f} MiB before, {rss_stalled / mib:.0f} MiB with "
-        f"{STREAMS} stalled streams, {rss_after / mib:.0f} MiB after they were released"
+        f"{STREAMS} stalled streams, {rss_after / mib:.0f} MiB after they were released "
+        f"({memory_trims(gateway)} heap trims)"
     )
+    assert memory_trims(gateway) >= 1
     # the gateway still serves
     assert await asyncio.to_thread(full_stream, gateway.port) > CHUNKS * CHUNK_BYTES
     print(

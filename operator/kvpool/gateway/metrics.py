@@ -39,6 +39,7 @@ Series (all prefixed ``kvpool_gateway_``):
   (1 = no overcommit; the top tier is always 1);
 - ``event_loop_lag_seconds`` histogram: how late the event loop ran a 50 ms timer; a
   stall here delays every request at once (kvpool.gateway.loop_lag);
+- ``memory_trims_total``: heap trims after stalled clients were cut (kvpool.gateway.memory);
 - ``engine_kv_usage{pool,replica}``, ``engine_preemptions_total{pool}``,
   ``borrowing_paused{pool}`` and ``engine_poll_errors_total{pool}``: what the engines'
   own ``/metrics`` said at the last poll, and whether borrowing is paused because of it.
@@ -248,6 +249,11 @@ class GatewayMetrics:
             p + "event_loop_lag_seconds",
             "How late the event loop ran a timer (every 50 ms): a stalled loop delays all.",
             buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.memory_trims = Counter(
+            p + "memory_trims",
+            "Heap trims (malloc_trim) after clients that stopped reading were cut.",
             registry=r,
         )
         self.engine_kv_usage = Gauge(

@@ -161,7 +161,7 @@ class Gateway:
             probe_timeout=settings.health_probe_timeout,
         )
         self.upstream = upstream
-        self.trimmer = MemoryTrimmer()  # cut clients' buffers back to the OS
+        self.trimmer = MemoryTrimmer(on_trim=metrics.memory_trims.inc)  # cut clients' buffers
         self._session: aiohttp.ClientSession | None = None  # the engines' connection pool
         self._started = False
         metrics.watch_snapshots(self.registry.track_snapshots)
