@@ -6,8 +6,10 @@ but glibc's allocator keeps freed heap pages mapped (its mmap threshold grows wi
 large buffers a relay frees), so the gateway's RSS stayed at its peak: 40 stalled 5 MiB
 streams took it from 84 to 191 MiB, where it stayed after every one of them was released.
 :class:`MemoryTrimmer` calls ``malloc_trim(0)`` (which also returns free pages in the
-middle of the heap) shortly after clients were cut, at most once per ``interval``; a few
-milliseconds on a heap of a few hundred MiB. Where there is no glibc (musl, macOS) it
+middle of the heap) shortly after a request ended other than ``ok`` (a client cut or
+gone, a stream broken or timed out: when the relay stalls, the engine side's idle timeout
+may fire before the client write's), at most once per ``interval``; a few milliseconds
+on a heap of a few hundred MiB. Where there is no glibc (musl, macOS) it
 does nothing.
 """
 

@@ -293,7 +293,7 @@ class Gateway:
             raise
         finally:
             self.metrics.in_flight.dec()
-            if meter.client_stalled:
+            if label != "ok":  # cut, broken or timed out: its buffers may be large
                 self.trimmer.soon()
             await self.pipeline.finish(admission, status, label, usage or meter.usage())
 
