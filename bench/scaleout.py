@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -94,7 +95,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "scaleout.json"
 ENGINE_CORE, CLIENT_CORE = 0, 1
 TIERS = ("interactive", "batch", "eval")
 WORDS = ["the", "model", "token", "cache", "tier", "floor", "engine", "batch", "queue", "lease"]
-LEASE_ARGS = ("--no-access-log", "--lease-period", "0.1", "--lease-ttl", "3")
+LEASE_ARGS = ("--lease-period", "0.1", "--lease-ttl", "3")  # access log on: chat_times
 
 
 # --- scenarios: how many replicas, and where each request goes ----------------------------
@@ -167,6 +168,11 @@ class Tally:
     ttft_ms_by_replica: dict[int, list[float]] = field(default_factory=dict)
     chat_wait_buckets: dict[int, dict[str, float]] = field(default_factory=dict)
     chat_wait_sum: dict[int, float] = field(default_factory=dict)
+    # the chats' TTFT as the gateways' access logs give it: arrival to first token, its
+    # part from the request's hand-over to the engine, and the admission queue
+    gateway_ttft_ms: list[float] = field(default_factory=list)
+    upstream_ttft_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -367,6 +373,23 @@ def start_gateway(
     return gateway.start(timeout=30)
 
 
+def chat_times(tally: Tally, logs: list[Path], wall_from: float, wall_to: float) -> None:
+    """The interactive streams that ended in [wall_from, wall_to] by the gateways' access
+    logs: where their time to first token went (the gateway's queue, the engine, the rest)."""
+    for path in logs:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.startswith('{"ts"'):
+                continue
+            record = json.loads(line)
+            ttft, upstream = record.get("ttft_ms"), record.get("upstream_ttft_ms")
+            if record.get("tier") != "interactive" or ttft is None or upstream is None:
+                continue
+            if wall_from <= record["ts"] <= wall_to:
+                tally.gateway_ttft_ms.append(ttft)
+                tally.upstream_ttft_ms.append(upstream)
+                tally.queue_ms.append(record["queue_ms"])
+
+
 async def redis_commands(redis: RedisServer) -> float:
     client = aioredis.from_url(redis.url)
     try:
@@ -412,6 +435,7 @@ async def run_round(
                 measure_from=time.perf_counter() + args.settle,
             )
             round_start = len(tally.ttft_ms)
+            wall_from = time.time() + args.settle
             stop = asyncio.Event()
             sampler = asyncio.create_task(
                 sample(
@@ -432,6 +456,7 @@ async def run_round(
             jobs += [load.worker(session, "eval", seed * 200 + i) for i in range(args.eval)]
             await asyncio.gather(*jobs)
             elapsed = time.monotonic() - started
+            wall_to = time.time()
             stop.set()
             await sampler
             tally.gateway_cpu_seconds += sum(cpu_seconds(g.process.pid) for g in gateways) - cpu
@@ -442,6 +467,7 @@ async def run_round(
             after = metric_sums(await fetch_text(session, engine.metrics_url))
     finally:
         await asyncio.gather(*(asyncio.to_thread(g.stop) for g in gateways))
+    chat_times(tally, [g.process.log_path for g in gateways], wall_from, wall_to)
     tally.seconds += elapsed
     tally.replica_seconds += elapsed * scenario.replicas
     tally.preemptions += after.get("vllm:num_preemptions_total", 0) - before.get(
@@ -563,6 +589,14 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
         "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
         "chats_by_replica": where_chats_wait(tally),
+        "chat_ttft_at_gateway_ms": {
+            name: {f"p{q}": _r(percentile(values, q)) for q in (50, 95, 99)}
+            for name, values in (
+                ("arrival_to_first_token", tally.gateway_ttft_ms),
+                ("engine_to_first_token", tally.upstream_ttft_ms),
+                ("admission_queue", tally.queue_ms),
+            )
+        },
     }
     if baseline is not None and baseline.seconds and sum(baseline.tokens.values()):
         base_rate = sum(baseline.tokens.values()) / baseline.seconds
@@ -743,6 +777,20 @@ def print_table(result: dict[str, Any]) -> None:
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
         print(f"  {name:19} {row['chats_by_replica']}")
+    print(
+        "where chat TTFT goes (p50/p95/p99 ms): at the client | at the gateway (arrival to"
+        " first token) | from the hand-over to the engine | the admission queue"
+    )
+    for name, row in result["scenarios"].items():
+        parts = row["chat_ttft_at_gateway_ms"]
+        cells = [
+            "/".join(f"{row[f'chat_ttft_p{q}_ms'] or 0:.0f}" for q in (50, 95, 99)),
+            *(
+                "/".join(f"{parts[k][f'p{q}'] or 0:.0f}" for q in (50, 95, 99))
+                for k in ("arrival_to_first_token", "engine_to_first_token", "admission_queue")
+            ),
+        ]
+        print(f"  {name:19} " + " | ".join(f"{c:>12}" for c in cells))
     if result.get("faults"):
         print(f"faults: {result['faults']}")
 

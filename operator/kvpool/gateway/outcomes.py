@@ -93,4 +93,5 @@ class Outcome:
     completion_tokens: int | None  # as the engine reported (or chunks relayed)
     duration_seconds: float  # arrival to end
     ttft_seconds: float | None  # arrival to the first streamed token (streams only)
+    upstream_ttft_seconds: float | None = None  # sent to the engine to its first token
     engine_reported: bool = False  # the token counts are the engine's own usage

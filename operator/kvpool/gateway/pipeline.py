@@ -131,6 +131,10 @@ class Admission:
     released: bool = False  # its reservation was given back (release() is idempotent)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 2) if seconds is not None else None
+
+
 class RequestPipeline:
     """Steps 1-6 and 8 of one gateway process (no HTTP)."""
 
@@ -380,6 +384,9 @@ class RequestPipeline:
             completion_tokens=usage.completion_tokens,
             duration_seconds=request_clock() - admission.started,
             ttft_seconds=(first - admission.started) if first is not None else None,
+            upstream_ttft_seconds=(
+                first - usage.sent_at if first is not None and usage.sent_at is not None else None
+            ),
             engine_reported=usage.reported,
         )
         self.release(admission, usage)
@@ -466,11 +473,8 @@ class RequestPipeline:
                     "demoted": admission.demoted,
                     "queue_ms": round(admission.admit.queued_seconds * 1000, 2),
                     "duration_ms": round(outcome.duration_seconds * 1000, 2),
-                    "ttft_ms": (
-                        round(outcome.ttft_seconds * 1000, 2)
-                        if outcome.ttft_seconds is not None
-                        else None
-                    ),
+                    "ttft_ms": _ms(outcome.ttft_seconds),
+                    "upstream_ttft_ms": _ms(outcome.upstream_ttft_seconds),
                     "reserved_tokens": admission.admit.tokens,
                     "bound_tokens": admission.estimate.charge_tokens,
                     "charged_tokens": outcome.charged_tokens,

@@ -256,7 +256,7 @@ class AiohttpUpstream:
         self, call: UpstreamCall, deadline: asyncio.Timeout, progress: _Progress
     ) -> web.StreamResponse:
         meter = call.meter
-        meter.sent = True
+        meter.send()
         timeout = aiohttp.ClientTimeout(
             total=None,
             sock_connect=self.limits.connect,

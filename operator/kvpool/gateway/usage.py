@@ -35,6 +35,7 @@ class Usage:
     reported: bool = False  # the engine's usage was seen
     client_gone: bool = False  # the client disconnected before the answer ended
     sent: bool = False  # the request was handed to the engine (not refused at connect)
+    sent_at: float | None = None  # request_clock() when the request went to the engine
     first_token_at: float | None = None  # request_clock() at the first content chunk
 
     def reported_total(self) -> int | None:
@@ -72,7 +73,12 @@ class UsageMeter:
     client_gone: bool = False
     client_stalled: bool = False  # cut for not reading (client_gone is set too)
     sent: bool = False
+    sent_at: float | None = None
     first_token_at: float | None = None
+
+    def send(self) -> None:
+        """The request goes to the engine now."""
+        self.sent, self.sent_at = True, request_clock()
 
     def chunk(self) -> bool:
         """One content chunk relayed; True for the first one (its time is the TTFT)."""
@@ -99,5 +105,6 @@ class UsageMeter:
             reported=self.reported,
             client_gone=self.client_gone,
             sent=self.sent,
+            sent_at=self.sent_at,
             first_token_at=self.first_token_at,
         )
