@@ -21,7 +21,8 @@ a closed-loop batch flood and eval workers (the mix's lengths), no caller priori
 gateway sets it). Per scenario: total output tok/s and by tier, chat TTFT p50 / p95 / p99
 (bootstrap 95 % interval of the p95 ratio to ``one``), the spread of per-round p95s,
 preemptions, and two sampled witnesses of the invariant "the replicas together never admit
-more than the plan": the largest sum of the replicas' in-use slots (scraped every 0.25 s)
+more than the plan": the largest sum of the replicas' in-use slots (scraped every 0.25 s;
+``--sample-interval``)
 and the largest running + waiting count on the engine (``one`` shows what a single
 replica does; a ``Preempt`` floor may put more than the plan on the engine by design).
 The lease cost: renewals per second per replica, the renewal round trip p50 / p99, and
@@ -326,9 +327,10 @@ async def sample(
     tally: Tally,
     stop: asyncio.Event,
     plan_tokens: int,
+    interval: float = 0.25,
 ) -> None:
-    """Every 0.25 s: the sum of the replicas' in-use slots and KV tokens, where the leased
-    tokens not in use are (:func:`idle_leased`), and the engine's sequences."""
+    """Every ``interval`` seconds: the sum of the replicas' in-use slots and KV tokens, where
+    the leased tokens not in use are (:func:`idle_leased`), and the engine's sequences."""
     while not stop.is_set():
         texts = await asyncio.gather(
             *(fetch_text(session, url) for url in metrics), return_exceptions=True
@@ -351,7 +353,7 @@ async def sample(
         )
         tally.max_engine_sequences = max(tally.max_engine_sequences, sequences)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.25)
+            await asyncio.wait_for(stop.wait(), interval)
 
 
 # --- a round ---------------------------------------------------------------------------------
@@ -374,7 +376,7 @@ def start_gateway(
 
 
 def chat_times(tally: Tally, logs: list[Path], wall_from: float, wall_to: float) -> None:
-    """The interactive streams that ended in [wall_from, wall_to] by the gateways' access
+    """The interactive streams that arrived in [wall_from, wall_to] by the gateways' access
     logs: where their time to first token went (the gateway's queue, the engine, the rest)."""
     for path in logs:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -384,7 +386,7 @@ def chat_times(tally: Tally, logs: list[Path], wall_from: float, wall_to: float)
             ttft, upstream = record.get("ttft_ms"), record.get("upstream_ttft_ms")
             if record.get("tier") != "interactive" or ttft is None or upstream is None:
                 continue
-            if wall_from <= record["ts"] <= wall_to:
+            if wall_from <= record["ts"] - record["duration_ms"] / 1000 <= wall_to:
                 tally.gateway_ttft_ms.append(ttft)
                 tally.upstream_ttft_ms.append(upstream)
                 tally.queue_ms.append(record["queue_ms"])
@@ -445,6 +447,7 @@ async def run_round(
                     tally,
                     stop,
                     plan.planned()["total_tokens"],
+                    args.sample_interval,
                 )
             )
             # chat waits count from here: a chat sent while settling (left out of the
@@ -806,6 +809,17 @@ def main() -> int:
     parser.add_argument("--eval", type=int, default=3, help="eval workers (closed loop)")
     parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
     parser.add_argument("--no-faults", dest="faults", action="store_false")
+    parser.add_argument(
+        "--sample-interval",
+        type=float,
+        default=0.25,
+        help="seconds between scrapes of every replica's and the engine's /metrics",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the engine's and gateways' logs (access logs included) here",
+    )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
         "--settle",
@@ -841,8 +855,13 @@ def main() -> int:
     if (os.cpu_count() or 1) < 2:
         parser.error("needs two cores: the engine on one, gateways and load on the other")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="kvpool-scaleout-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpool-sc-")))
+        else:
+            workdir = args.workdir
+            workdir.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(run(args, workdir))
     result["args"] = {k: str(v) for k, v in vars(args).items()}
     result["machine"] = machine_info(load_before)
     print_table(result)
