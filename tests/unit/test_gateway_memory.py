@@ -74,5 +74,5 @@ async def test_a_burst_costs_at_most_two_trims() -> None:
 async def test_without_malloc_trim_nothing_is_scheduled() -> None:
     trimmer = MemoryTrimmer(trim=None)
     trimmer.soon()
+    assert trimmer._scheduled is None  # no timer wakes the loop for a trim that cannot run
     assert trimmer.trims == 0
-    trimmer.cancel()

@@ -39,7 +39,8 @@ Series (all prefixed ``kvpool_gateway_``):
   (1 = no overcommit; the top tier is always 1);
 - ``event_loop_lag_seconds`` histogram: how late the event loop ran a 50 ms timer; a
   stall here delays every request at once (kvpool.gateway.loop_lag);
-- ``memory_trims_total``: heap trims after stalled clients were cut (kvpool.gateway.memory);
+- ``memory_trims_total``: heap trims after requests that ended other than ``ok``
+  (kvpool.gateway.memory);
 - ``engine_kv_usage{pool,replica}``, ``engine_preemptions_total{pool}``,
   ``borrowing_paused{pool}`` and ``engine_poll_errors_total{pool}``: what the engines'
   own ``/metrics`` said at the last poll, and whether borrowing is paused because of it.
@@ -253,7 +254,7 @@ class GatewayMetrics:
         )
         self.memory_trims = Counter(
             p + "memory_trims",
-            "Heap trims (malloc_trim) after clients that stopped reading were cut.",
+            "Heap trims (malloc_trim) after requests that ended other than ok (cut, broken).",
             registry=r,
         )
         self.engine_kv_usage = Gauge(
