@@ -135,6 +135,8 @@ class Tally:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    # requests still streaming when the round ended (its timeout): not errors
+    cut: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     seconds: float = 0.0
     preemptions: float = 0.0
     round_p95_ms: list[float] = field(default_factory=list)
@@ -163,6 +165,7 @@ class Tally:
             self.tokens[tier] += other.tokens[tier]
             self.rejected[tier] += other.rejected[tier]
             self.errors[tier] += other.errors[tier]
+            self.cut[tier] += other.cut[tier]
         self.seconds += other.seconds
         self.preemptions += other.preemptions
         self.samples += other.samples
@@ -227,8 +230,11 @@ async def _stream(
     tally: Tally,
     timeout: float,
 ) -> tuple[float | None, str]:
-    """POST a streamed request; count its output tokens; (TTFT s or None, text)."""
+    """POST a streamed request; count its output tokens; (TTFT s or None, text). A
+    request the round's end cuts (``timeout``, the time left in the round, runs out) is
+    counted as cut, not as an error."""
     sent = time.perf_counter()
+    round_ends = time.monotonic() + timeout
     first: float | None = None
     pieces = 0
     try:
@@ -254,7 +260,10 @@ async def _stream(
                         first = time.perf_counter()
                     pieces += 1
             tally.add_output(tier, pieces)
-    except (aiohttp.ClientError, TimeoutError):
+    except TimeoutError:
+        (tally.cut if time.monotonic() >= round_ends - 0.05 else tally.errors)[tier] += 1
+        return None, ""
+    except aiohttp.ClientError:
         tally.errors[tier] += 1
         return None, ""
     return (first or time.perf_counter()) - sent, " ".join(["reply"] * pieces)
@@ -515,6 +524,7 @@ def summarise(tally: Tally, engines: int) -> dict[str, Any]:
         row[f"{tier}_share"] = round(tally.tokens[tier] / total, 3) if total else None
         row[f"{tier}_rejected"] = tally.rejected[tier]
         row[f"{tier}_errors"] = tally.errors[tier]
+        row[f"{tier}_cut_at_round_end"] = tally.cut[tier]
     if tally.gateway_queue:
         queue: dict[str, Any] = {}
         for tier, buckets in tally.gateway_queue.items():

@@ -375,11 +375,21 @@ def start_gateway(
     return gateway.start(timeout=30)
 
 
-def chat_times(tally: Tally, logs: list[Path], wall_from: float, wall_to: float) -> None:
+def log_sizes(gateways: list[GatewayProcess]) -> dict[Path, int]:
+    """Where each gateway's log ends now (a replica's log is appended to every round)."""
+    paths = [g.process.log_path for g in gateways]
+    return {p: p.stat().st_size if p.exists() else 0 for p in paths}
+
+
+def chat_times(tally: Tally, logs: dict[Path, int], wall_from: float, wall_to: float) -> None:
     """The interactive streams that arrived in [wall_from, wall_to] by the gateways' access
-    logs: where their time to first token went (the gateway's queue, the engine, the rest)."""
-    for path in logs:
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    logs, each read from the offset given (this round's part): where their time to first
+    token went (the gateway's queue, the engine, the rest)."""
+    for path, offset in logs.items():
+        with path.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode("utf-8", errors="replace")
+        for line in text.splitlines():
             if not line.startswith('{"ts"'):
                 continue
             record = json.loads(line)
@@ -419,6 +429,7 @@ async def run_round(
             for i in range(scenario.replicas)
         )
     )
+    logs = log_sizes(gateways)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await wait_engine_idle(session, engine.metrics_url, 60)
@@ -470,7 +481,7 @@ async def run_round(
             after = metric_sums(await fetch_text(session, engine.metrics_url))
     finally:
         await asyncio.gather(*(asyncio.to_thread(g.stop) for g in gateways))
-    chat_times(tally, [g.process.log_path for g in gateways], wall_from, wall_to)
+    chat_times(tally, logs, wall_from, wall_to)
     tally.seconds += elapsed
     tally.replica_seconds += elapsed * scenario.replicas
     tally.preemptions += after.get("vllm:num_preemptions_total", 0) - before.get(
