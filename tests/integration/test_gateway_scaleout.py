@@ -292,6 +292,34 @@ async def test_a_replica_that_joins_gets_capacity_only_as_it_is_released(
     assert engine.max_in_flight == SLOTS, f"over the plan: {engine.max_in_flight}"
 
 
+async def test_a_replica_that_joins_stands_by_for_a_tier_arriving_elsewhere_for_a_while(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given chats arrive at a, when b joins, then b holds a standby for a chat before its
+    first one arrives (it cannot know yet whether the balancer sends it chats), so that
+    first chat starts without waiting for a to give up a floor piece (the presumption ends
+    after a few seconds: tests/unit/test_lease_plans.py). Before: b held no interactive
+    capacity until its first chat arrived, which then waited two renewals (a's shrink,
+    then b's grant): 50-150 ms in bench/scaleout.py."""
+    a = await replicas()
+    traffic.chat(a, 1)
+    await in_flight_reaches(engine, 1, 10, "a's chat on the engine")
+    b = await replicas()
+    await both_members(a, b)
+    standby = "kvpool_gateway_lease_capacity"
+    labels = {"pool": "tiny", "tier": "interactive", "kind": "standby", "dimension": "slots"}
+    await wait_until_async(
+        lambda: _is(metric(b, standby, **labels), 1), 3, "b stands by for one chat"
+    )
+    traffic.chat(b, 1)
+    seconds = await in_flight_reaches(engine, 2, 5, "b's first chat on the engine")
+    print(f"join: b's first chat on the engine {seconds:.3f} s after sending")
+    assert await metric(b, "kvpool_gateway_queue_seconds_count", tier="interactive") == 1
+    assert (
+        await metric(b, "kvpool_gateway_queue_seconds_bucket", tier="interactive", le="0.005") == 1
+    )
+
+
 async def test_a_killed_replica_gives_its_capacity_back_within_its_ttl(
     replicas, engine: FakeEngine, traffic: Traffic
 ) -> None:

@@ -18,8 +18,14 @@ from kvpool.domain.admission import AdmissionSnapshot
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Lease, LeasePlan, Report, plan_leases
 from kvpool.domain.lease.model import report_of
-from kvpool.domain.lease.peaks import PeakWindow, Presence
+from kvpool.domain.lease.peaks import PEAK_WINDOW_SECONDS, PeakWindow, Presence
 from kvpool.domain.routing import CANARY, STABLE, build_track_pool
+
+# for this long after it starts leasing a plan, a replica counts a ``Preempt`` tier that
+# arrives at another replica as arriving here too: it cannot know yet whether the
+# balancer sends it that tier, and without it its first such request has no standby and
+# waits for the others to release a floor piece (two renewals, 50-150 ms)
+JOIN_PRESUMPTION_SECONDS = PEAK_WINDOW_SECONDS
 
 
 @dataclass
@@ -37,6 +43,7 @@ class LeasedPlan:
     presence: Presence = field(default_factory=Presence)  # tiers that arrived lately
     granted: Lease = field(default_factory=Lease)  # the last lease Redis granted
     claim: dict[str, int] = field(default_factory=dict)  # what Redis counts as held by us
+    joined: float | None = None  # when this replica first reported for the plan
 
     @property
     def key(self) -> tuple[str, str]:
@@ -58,10 +65,21 @@ class LeasedPlan:
         }
         busy = {k: v for k, v in current.items() if not v.is_zero}
         peaks = self.peaks.observe(now, busy)
-        seen = self.presence.observe(now, busy)
+        seen = self.presence.observe(now, busy) | self._presumed(now)
         counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
         tenant_peaks = {t: a.slots for t, a in self.tenant_peaks.observe(now, counts).items()}
         return report_of(snapshot.tiers, peaks, tenants, tenant_peaks, seen)
+
+    def _presumed(self, now: float) -> frozenset[str]:
+        """The ``Preempt`` tiers that arrive at another replica, while this replica is new
+        to the plan (:data:`JOIN_PRESUMPTION_SECONDS`)."""
+        if self.joined is None:
+            self.joined = now
+        if now - self.joined >= JOIN_PRESUMPTION_SECONDS:
+            return frozenset()
+        return frozenset(
+            t for t in self.plan.preempt if any(r.arrives(t) for r in self.table.values())
+        )
 
     def in_play(self, report: Report) -> LeasePlan:
         """The plan with only the tenants someone reports or holds (not every tenant of
