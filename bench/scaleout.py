@@ -174,6 +174,12 @@ class Tally:
     gateway_ttft_ms: list[float] = field(default_factory=list)
     upstream_ttft_ms: list[float] = field(default_factory=list)
     queue_ms: list[float] = field(default_factory=list)
+    # by the access logs, every chat of a round (its first seconds too): how many waited
+    # over 25 ms for admission, and of the replicas' first chats of a round how many did
+    logged_chats: int = 0
+    logged_waits: int = 0
+    first_chats: int = 0
+    first_chat_waits: int = 0
 
 
 @dataclass
@@ -392,11 +398,13 @@ def log_sizes(gateways: list[GatewayProcess]) -> dict[Path, int]:
 def chat_times(tally: Tally, logs: dict[Path, int], wall_from: float, wall_to: float) -> None:
     """The interactive streams that arrived in [wall_from, wall_to] by the gateways' access
     logs, each read from the offset given (this round's part): where their time to first
-    token went (the gateway's queue, the engine, the rest)."""
+    token went (the gateway's queue, the engine, the rest); and, over all of the round's
+    chats, those that waited over 25 ms for admission, the replica's first one apart."""
     for path, offset in logs.items():
         with path.open("rb") as log:
             log.seek(offset)
             text = log.read().decode("utf-8", errors="replace")
+        chats: list[tuple[float, float]] = []  # (arrival, queue ms), every chat of the round
         for line in text.splitlines():
             if not line.startswith('{"ts"'):
                 continue
@@ -404,10 +412,18 @@ def chat_times(tally: Tally, logs: dict[Path, int], wall_from: float, wall_to: f
             ttft, upstream = record.get("ttft_ms"), record.get("upstream_ttft_ms")
             if record.get("tier") != "interactive" or ttft is None or upstream is None:
                 continue
-            if wall_from <= record["ts"] - record["duration_ms"] / 1000 <= wall_to:
+            arrived = record["ts"] - record["duration_ms"] / 1000
+            chats.append((arrived, record["queue_ms"]))
+            if wall_from <= arrived <= wall_to:
                 tally.gateway_ttft_ms.append(ttft)
                 tally.upstream_ttft_ms.append(upstream)
                 tally.queue_ms.append(record["queue_ms"])
+        if chats:
+            chats.sort()
+            tally.logged_chats += len(chats)
+            tally.logged_waits += sum(1 for _, queue in chats if queue > 25)
+            tally.first_chats += 1
+            tally.first_chat_waits += int(chats[0][1] > 25)
 
 
 async def redis_commands(redis: RedisServer) -> float:
@@ -611,6 +627,12 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
         "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
         "chats_by_replica": where_chats_wait(tally),
+        "chat_waits_by_access_log": {
+            "chats": tally.logged_chats,
+            "waited_over_25ms": tally.logged_waits,
+            "replica_rounds_with_a_chat": tally.first_chats,
+            "first_chat_waited_over_25ms": tally.first_chat_waits,
+        },
         "chat_ttft_at_gateway_ms": {
             name: {f"p{q}": _r(percentile(values, q)) for q in (50, 95, 99)}
             for name, values in (
@@ -804,6 +826,17 @@ def print_table(result: dict[str, Any]) -> None:
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
         print(f"  {name:19} {row['chats_by_replica']}")
+    print(
+        "chats that waited over 25 ms for admission, every chat of a round (access logs),"
+        " and of each replica's first chat of a round:"
+    )
+    for name, row in result["scenarios"].items():
+        logged = row["chat_waits_by_access_log"]
+        print(
+            f"  {name:19} {logged['waited_over_25ms']} of {logged['chats']};"
+            f" first chats {logged['first_chat_waited_over_25ms']}"
+            f" of {logged['replica_rounds_with_a_chat']}"
+        )
     print(
         "where chat TTFT goes (p50/p95/p99 ms): at the client | at the gateway (arrival to"
         " first token) | from the hand-over to the engine | the admission queue | queue"
