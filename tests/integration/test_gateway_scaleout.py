@@ -343,6 +343,34 @@ async def test_a_killed_replica_gives_its_capacity_back_within_its_ttl(
     assert recovered <= TTL + 1.0, f"took {recovered:.2f} s (member TTL {TTL} s)"
 
 
+async def test_a_replica_that_stops_gives_its_capacity_back_at_once(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given a holds the whole engine and b's requests wait, when a is stopped (SIGTERM, as
+    a rolling update or a scale-down does) and its requests are cut at its shutdown
+    timeout, then b's requests start as soon as a has exited, not a member TTL later: a
+    replica that stops deletes its claims and nudges. Before: b waited for a's claims to
+    expire, as for a SIGKILLed replica (up to the TTL, 3 s)."""
+    a, b = await replicas("--shutdown-timeout", "0.5"), await replicas()
+    traffic.batch(a, SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
+    traffic.batch(b, 4)
+    await wait_until_async(
+        lambda: _above(metric(b, "kvpool_gateway_queued_requests", tier="batch"), 3),
+        10,
+        "b's 4 requests wait",
+    )
+    assert a.process.proc is not None
+    a.process.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(a.process.proc.wait, 10) == 0
+    loop = asyncio.get_running_loop()
+    exited = loop.time()
+    await wait_until_async(lambda: len(engine.received) >= SLOTS + 4, TTL + 3, "b takes over")
+    seconds = loop.time() - exited
+    print(f"SIGTERM: b's requests on the engine {seconds:.2f} s after a exited")
+    assert seconds < TTL / 3, f"took {seconds:.2f} s: a's claims expired, not given back"
+
+
 async def test_redis_down_keeps_admitting_on_the_equal_split_then_leases_again(
     replicas, engine: FakeEngine, traffic: Traffic, redis: RedisServer
 ) -> None:

@@ -128,6 +128,35 @@ async def test_a_member_that_stops_renewing_is_forgotten_with_its_claims(
     await wait_until_async(granted, timeout=5, what="b's claims forgotten after its TTL")
 
 
+async def test_a_member_that_leaves_is_forgotten_at_once_and_nudges(
+    server: RedisServer, client: aioredis.Redis, stores: list[RedisLeaseStore]
+) -> None:
+    """Given b claims all of the shared remainder, when b leaves (it stopped, its requests
+    ended), then a's next renewal is granted it and counts one member, and a nudge from b
+    reached the others."""
+    store = await warmed_store(server, client)
+    stores.append(store)
+    await store.renew("b", [renewal({}, {"shared.slots": 3})], member_ttl=30)
+    first = await store.renew("a", [renewal({"shared.slots": 3}, {})], member_ttl=30)
+    assert first.plans[0].granted == {} and first.members == 2
+    nudges = client.pubsub(ignore_subscribe_messages=True)
+    await nudges.subscribe(store.nudge_channel)
+    await store.leave("b", [("pool", "stable")])
+    senders = []
+
+    async def nudged() -> bool:  # the first reads return the subscription's confirmation
+        message = await nudges.get_message(timeout=0.2)
+        if message is not None:
+            senders.append(message["data"])
+        return bool(senders)
+
+    await wait_until_async(nudged, timeout=5, what="b's nudge")
+    await nudges.aclose()
+    assert senders == [b"b"]
+    after = await store.renew("a", [renewal({"shared.slots": 3}, {})], member_ttl=30)
+    assert after.plans[0].granted == {"shared.slots": 3} and after.members == 1
+
+
 async def test_after_a_restart_nobody_grows_for_one_member_ttl(
     redis_server: RedisFactory, stores: list[RedisLeaseStore]
 ) -> None:
@@ -158,6 +187,8 @@ async def test_redis_down_is_a_store_error(
     server.kill()
     with pytest.raises(LeaseStoreError, match="Error"):
         await store.renew("a", [renewal({}, {})], member_ttl=3)
+    with pytest.raises(LeaseStoreError, match="Error"):
+        await store.leave("a", [("pool", "stable")])
 
 
 def test_a_report_of_a_replica_of_before_reads_without_its_head_request() -> None:

@@ -147,6 +147,9 @@ class MovingShare:
     def unready_reason(self) -> str | None:
         return None
 
+    async def leave(self) -> None:
+        return None
+
 
 async def test_a_moved_share_is_applied_at_once_keeping_the_reservations_in_flight(
     gateway_client: GatewayClientFactory,

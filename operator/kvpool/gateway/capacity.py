@@ -68,6 +68,10 @@ class CapacityShare(Protocol):
         """Why this replica cannot admit anything now (``/readyz``), or None."""
         ...
 
+    async def leave(self) -> None:
+        """This replica stops for good, its requests ended: give its share back now."""
+        ...
+
 
 @dataclass(frozen=True)
 class StaticShare:
@@ -101,4 +105,7 @@ class StaticShare:
         return None
 
     def unready_reason(self) -> str | None:
+        return None
+
+    async def leave(self) -> None:
         return None

@@ -23,7 +23,10 @@ goes where the requests are whatever the balancer does. :class:`LeaseKeeper` is 
   ``kvpool_gateway_lease_mode`` gauge;
 - **nudge**: after a renewal in which this replica has requests waiting, or gave capacity
   up, it publishes a nudge; the others renew at once, so capacity moves in a few Redis
-  round trips rather than a few periods.
+  round trips rather than a few periods;
+- **leave**: a gateway that stops (SIGTERM: a rolling update, a scale-down) deletes its
+  claims and membership once its requests have ended, and nudges, so the others take its
+  capacity at once instead of when its claims expire.
 
 The steps that only compute (a plan's demand report, the lease wished for, the leased pool
 view) are in :mod:`kvpool.gateway.lease_plans`.
@@ -180,6 +183,25 @@ class LeaseKeeper:
         return self._members
 
     # -- the loop --------------------------------------------------------------------------
+
+    async def leave(self) -> None:
+        """Give every claim back now (the gateway stopped, its requests ended, the renewals
+        too): the others are nudged and grow at their next renewal instead of a member TTL
+        later. If Redis does not answer, the claims expire as a dead replica's do."""
+        plans = sorted(self._plans)
+        try:
+            await self.store.leave(self.member, plans)
+        except LeaseStoreError as exc:
+            log.warning(
+                "lease: could not give this replica's capacity back (%s); the others take "
+                "it when its claims expire, within %g s",
+                exc,
+                self.clock.member_ttl,
+            )
+        else:
+            log.info("lease: capacity of %d plans given back to the other replicas", len(plans))
+        finally:
+            await self.store.close()
 
     def wake(self) -> None:
         """Renew soon (a request had to wait here, or another replica nudged)."""

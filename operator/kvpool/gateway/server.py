@@ -210,6 +210,11 @@ class Gateway:
         await self.tasks.wait(timeout=SETTLE_ON_STOP_SECONDS)
         if self._session is not None:
             await self._session.close()
+        # every request has ended and its engine connection is closed: what this
+        # replica held is released, so its share goes back to the others now instead
+        # of when its claims expire (a rolling update or scale-down would otherwise
+        # leave that capacity idle for up to the lease TTL)
+        await self.capacity.leave()
         await self.store.close()
 
     def apply_config(self, config: AdmissionConfig) -> None:

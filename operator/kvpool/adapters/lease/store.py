@@ -204,6 +204,22 @@ class RedisLeaseStore:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LeaseStoreError(f"unexpected answer from the lease script: {exc}") from exc
 
+    async def leave(self, member: str, plans: Sequence[tuple[str, str]]) -> None:
+        """Forget ``member``'s claims on ``plans`` (pool, track) and its membership at once
+        (it stopped, its requests ended), and nudge the others to renew; raises
+        :class:`LeaseStoreError`. Without it they are forgotten a member TTL later."""
+        keys = [self.plan_key(pool, track) for pool, track in plans]
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for key in keys:
+                    pipe.hdel(key, member)
+                pipe.hdel(f"{self.prefix}:members", member)
+                pipe.publish(self.nudge_channel, member)
+                await asyncio.wait_for(pipe.execute(), self.timeout)
+        except (aioredis.RedisError, OSError, TimeoutError) as exc:
+            message = str(exc) or f"no answer within {self.timeout * 1000:g} ms"
+            raise LeaseStoreError(f"{type(exc).__name__}: {message}") from exc
+
     @property
     def nudge_channel(self) -> str:
         """The pub/sub channel on which replicas ask each other to renew now."""
