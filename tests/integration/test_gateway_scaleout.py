@@ -187,6 +187,24 @@ async def in_flight_reaches(engine: FakeEngine, count: int, timeout: float, what
     return loop.time() - start
 
 
+async def a_full_and_b_waiting(
+    replicas, engine: FakeEngine, traffic: Traffic, *a_args: str
+) -> GatewayProcess:
+    """Two replicas: a (started with ``a_args``, returned) holds the whole engine with
+    batch, and 4 batch requests wait at b."""
+    a, b = await replicas(*a_args), await replicas()
+    traffic.batch(a, SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
+    traffic.batch(b, 4)
+    await wait_until_async(
+        lambda: _above(metric(b, "kvpool_gateway_queued_requests", tier="batch"), 3),
+        10,
+        "b's 4 requests wait",
+    )
+    assert engine.in_flight == SLOTS
+    return a
+
+
 async def readyz(gateway: GatewayProcess) -> tuple[int, str]:
     async with (
         aiohttp.ClientSession() as session,
@@ -323,16 +341,7 @@ async def test_a_replica_that_joins_stands_by_for_a_tier_arriving_elsewhere_for_
 async def test_a_killed_replica_gives_its_capacity_back_within_its_ttl(
     replicas, engine: FakeEngine, traffic: Traffic
 ) -> None:
-    a, b = await replicas(), await replicas()
-    traffic.batch(a, SLOTS)
-    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
-    traffic.batch(b, 4)
-    await wait_until_async(
-        lambda: _above(metric(b, "kvpool_gateway_queued_requests", tier="batch"), 3),
-        10,
-        "b's 4 requests wait",
-    )
-    assert engine.in_flight == SLOTS
+    a = await a_full_and_b_waiting(replicas, engine, traffic)
     loop = asyncio.get_running_loop()
     killed = loop.time()
     os.kill(a.process.pid, signal.SIGKILL)  # its connections drop: the engine aborts them
@@ -351,15 +360,7 @@ async def test_a_replica_that_stops_gives_its_capacity_back_at_once(
     timeout, then b's requests start as soon as a has exited, not a member TTL later: a
     replica that stops deletes its claims and nudges. Before: b waited for a's claims to
     expire, as for a SIGKILLed replica (up to the TTL, 3 s)."""
-    a, b = await replicas("--shutdown-timeout", "0.5"), await replicas()
-    traffic.batch(a, SLOTS)
-    await in_flight_reaches(engine, SLOTS, 10, "a fills the engine")
-    traffic.batch(b, 4)
-    await wait_until_async(
-        lambda: _above(metric(b, "kvpool_gateway_queued_requests", tier="batch"), 3),
-        10,
-        "b's 4 requests wait",
-    )
+    a = await a_full_and_b_waiting(replicas, engine, traffic, "--shutdown-timeout", "0.5")
     assert a.process.proc is not None
     a.process.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(a.process.proc.wait, 10) == 0
