@@ -17,6 +17,7 @@ lets the lower tier's ratio creep below 1 while the engine reports no preemption
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from kvpool.adapters.engine_metrics import fetch_engine_load
 from tests.builders import AdmissionConfigBuilder, tiny_engine_admission_config
 from tests.support.engine import VllmEngine
 from tests.support.gateway import GatewayClientFactory
-from tests.support.waiting import StopWaitingError, wait_until_async
+from tests.support.waiting import StopWaitingError, WaitTimeoutError, wait_until_async
 
 pytestmark = [pytest.mark.engine]
 
@@ -275,31 +276,25 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
         f"{IDLE_POLLS} polls of the idle engine",
     )
     quiet = _sample(gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"')
-    async with aiohttp.ClientSession() as session:  # a direct load keeps the engine busy:
-        # four different prompts (one shared prompt is one set of cached blocks, and the
-        # usage stayed under the busy mark until near the end), 9 blocks each at prefill
-        # (56 % of 64) and 13 at the end (81 %: no preemption to undo the creep)
-        load = [
-            asyncio.create_task(
-                _post(
-                    session,
-                    tiny_engine.base_url + "/v1/completions",
-                    _completion(_ids(280, start=10 + 37 * k), max_tokens=120, ignore_eos=True),
-                )
-            )
-            for k in range(4)
-        ]
-        await wait_until_async(  # each busy poll without preemptions lets the ratio creep
-            lambda: (
-                _sample(
-                    gw.metrics.render().decode(), "kvpool_gateway_overcommit_ratio", 'tier="batch"'
-                )
-                < 1.0
-            ),
-            30,
-            "the batch overcommit ratio creeping down over busy, quiet engine polls",
+    seen: list[str] = []  # the gateway's view at each check, for a failure's message
+
+    def ratio_crept() -> bool:
+        text = gw.metrics.render().decode()
+        ratio = _sample(text, "kvpool_gateway_overcommit_ratio", 'tier="batch"')
+        view = (
+            f"ratio {ratio}, usage {_sample(text, 'kvpool_gateway_engine_kv_usage')}, "
+            f"preemptions {_sample(text, 'kvpool_gateway_engine_preemptions_total')}"
         )
-        await asyncio.gather(*load)
+        if not seen or seen[-1] != view:
+            seen.append(view)
+        return ratio < 1.0
+
+    try:  # each busy poll without preemptions lets the ratio creep
+        await _keep_busy_until(
+            tiny_engine, ratio_crept, 30, "the batch ratio creeping down over busy, quiet polls"
+        )
+    except WaitTimeoutError as exc:
+        raise AssertionError(f"{exc}; the gateway's last views: {seen[-12:]}") from exc
     await wait_until_async(
         lambda: _sample(gw.metrics.render().decode(), "kvpool_gateway_borrowing_paused") == 0,
         10,
@@ -330,6 +325,44 @@ async def test_gateway_learns_outputs_measures_ttft_and_adapts(
     assert quiet == 1.0, f"batch ratio {quiet} after idle polls: an idle engine is no evidence"
     batch_ratio = _sample(after, "kvpool_gateway_overcommit_ratio", 'tier="batch"')
     assert 0.5 <= batch_ratio < 1.0, f"batch ratio {batch_ratio}: no creep while busy"
+
+
+async def _keep_busy_until(
+    engine: VllmEngine, done: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """Keep ``engine`` busy with a direct load until ``done()`` (``what``), within
+    ``timeout`` seconds.
+
+    Four different prompts at a time (one shared prompt is one set of cached blocks, and
+    the usage stayed under the busy mark until near the end), 9 blocks each at prefill
+    (56 % of 64) and 13 at the end (81 %: no preemption). Four such requests last about
+    0.3 s here, a handful of engine polls; a CI run once saw no busy poll in them, so the
+    load goes on, four after four, until ``done()``."""
+    finished = asyncio.Event()
+    statuses: list[int] = []
+
+    async def load(session: aiohttp.ClientSession) -> None:
+        while not finished.is_set():
+            answers = await asyncio.gather(
+                *(
+                    _post(
+                        session,
+                        engine.base_url + "/v1/completions",
+                        _completion(_ids(280, start=10 + 37 * k), max_tokens=120, ignore_eos=True),
+                    )
+                    for k in range(4)
+                )
+            )
+            statuses.extend(status for status, _ in answers)
+
+    async with aiohttp.ClientSession() as session:
+        running = asyncio.create_task(load(session))
+        try:
+            await wait_until_async(done, timeout, what)
+        finally:
+            finished.set()
+            await running
+    assert statuses and set(statuses) == {200}, f"the direct load's answers: {statuses}"
 
 
 def _metrics_answers(engine: VllmEngine, since: int) -> int:
