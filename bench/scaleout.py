@@ -154,6 +154,11 @@ class Tally:
     max_in_use_slots: float = 0.0  # largest sum over replicas of in-use slots (sampled)
     max_in_use_tokens: float = 0.0  # largest sum over replicas of in-use KV tokens (sampled)
     max_engine_sequences: float = 0.0  # largest running + waiting on the engine (sampled)
+    engine_samples: int = 0  # scrapes of the engine's /metrics that answered
+    ratio_samples: int = 0  # replicas' batch overcommit ratios read, and their sum
+    sum_batch_ratio: float = 0.0
+    sum_engine_running: float = 0.0  # the engine's running sequences, summed over them
+    sum_engine_kv_usage: float = 0.0  # the engine's KV cache usage (0-1), likewise
     samples: int = 0
     sum_in_use_slots: float = 0.0  # summed over samples (for the mean)
     sum_in_use_tokens: float = 0.0
@@ -180,6 +185,15 @@ class Tally:
     logged_waits: int = 0
     first_chats: int = 0
     first_chat_waits: int = 0
+    # output tokens as they stream, by whole second of the round (one list a round): the
+    # ramp-up at a round's start apart from the steady state after it
+    streamed_by_second: list[list[int]] = field(default_factory=list)
+    round_seconds: int = 0  # whole seconds of a round (its load's length)
+
+    def begin_round(self, seconds: float) -> None:
+        """A round of ``seconds`` of load starts now."""
+        self.streamed_by_second.append([])
+        self.round_seconds = int(seconds)
 
 
 @dataclass
@@ -195,6 +209,15 @@ class Load:
     moved: dict[int, int] = field(default_factory=dict)  # a dead replica -> where its clients go
     first_ok_at: dict[int, float] = field(default_factory=dict)  # replica -> first 200 (mono)
     measure_from: float = 0.0  # chats sent before this (perf_counter) are the start's, apart
+    started: float = 0.0  # the round's start (monotonic), for the per-second output
+
+    def streamed(self, tokens: int) -> None:
+        """``tokens`` output tokens arrived now: count them in the round's second."""
+        seconds = self.tally.streamed_by_second[-1]
+        second = int(time.monotonic() - self.started)
+        while len(seconds) <= second:
+            seconds.append(0)
+        seconds[second] += tokens
 
     def target(self, tier: str, rng: random.Random) -> int:
         index = self.route(tier, rng)
@@ -241,6 +264,8 @@ class Load:
                 async for line in resp.content:
                     if line.startswith(b"data: {") and (b'"content"' in line or b'"text"' in line):
                         count += 1
+                        if self.tally.streamed_by_second:
+                            self.streamed(1)
                         if first is None:
                             first = time.perf_counter()
                             self.first_ok_at.setdefault(index, time.monotonic())
@@ -290,15 +315,20 @@ class ReplicaSample:
     tokens: float = 0.0  # in use, summed over tiers
     queued: float = 0.0  # requests waiting for admission
     leased_tokens: float | None = None  # its lease's total (None: it admits without one)
+    batch_ratio: float | None = None  # the batch tier's overcommit ratio (1: none)
 
 
 def replica_sample(text: str) -> ReplicaSample:
-    """Read one replica's in-use slots and KV tokens, queued requests and leased tokens."""
+    """Read one replica's in-use slots and KV tokens, queued requests, leased tokens and
+    the batch tier's overcommit ratio."""
     slots = tokens = queued = 0.0
     leased: float | None = None
+    ratio: float | None = None
     for line in text.splitlines():
         value = line.rsplit(" ", 1)[-1]
-        if line.startswith("kvpool_gateway_queued_requests{"):
+        if line.startswith("kvpool_gateway_overcommit_ratio{") and 'tier="batch"' in line:
+            ratio = float(value)
+        elif line.startswith("kvpool_gateway_queued_requests{"):
             queued += float(value)
         elif line.startswith("kvpool_gateway_lease_capacity{") and (
             'kind="total"' in line and 'dimension="tokens"' in line and 'track="stable"' in line
@@ -308,7 +338,7 @@ def replica_sample(text: str) -> ReplicaSample:
             slots += float(value)
         elif 'kind="in_use"' in line and line.startswith("kvpool_gateway_tier_tokens{"):
             tokens += float(value)
-    return ReplicaSample(slots, tokens, queued, leased)
+    return ReplicaSample(slots, tokens, queued, leased, ratio)
 
 
 def idle_leased(replicas: list[ReplicaSample], plan_tokens: int) -> tuple[float, float]:
@@ -347,6 +377,10 @@ async def sample(
         tally.samples += 1
         tally.sum_in_use_slots += sum(u.slots for u in used)
         tally.sum_in_use_tokens += sum(u.tokens for u in used)
+        ratios = [u.batch_ratio for u in used if u.batch_ratio is not None]
+        if ratios:
+            tally.ratio_samples += len(ratios)
+            tally.sum_batch_ratio += sum(ratios)
         quiet, waiting = idle_leased(used, plan_tokens)
         tally.sum_idle_quiet_tokens += quiet
         tally.sum_idle_waiting_tokens += waiting
@@ -358,6 +392,10 @@ async def sample(
             "vllm:num_requests_waiting", 0
         )
         tally.max_engine_sequences = max(tally.max_engine_sequences, sequences)
+        if sums:
+            tally.engine_samples += 1
+            tally.sum_engine_running += sums.get("vllm:num_requests_running", 0)
+            tally.sum_engine_kv_usage += sums.get("vllm:kv_cache_usage_perc", 0)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
 
@@ -474,7 +512,9 @@ async def run_round(
                 started + args.seconds,
                 random.Random(seed),
                 measure_from=time.perf_counter() + args.settle,
+                started=started,
             )
+            tally.begin_round(args.seconds)
             round_start = len(tally.ttft_ms)
             wall_from = time.time() + args.settle
             stop = asyncio.Event()
@@ -518,14 +558,7 @@ async def run_round(
     round_p95 = percentile(tally.ttft_ms[round_start:], 95)
     if round_p95 is not None:
         tally.round_p95_ms.append(round_p95)
-    for b_text, a_text in zip(gw_before, gw_after, strict=True):
-        b, a = metric_sums(b_text), metric_sums(a_text)
-        tally.renewals += a.get("kvpool_gateway_lease_renewals_total", 0) - b.get(
-            "kvpool_gateway_lease_renewals_total", 0
-        )
-        hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
-        for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
-            tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
+    add_renewals(tally, gw_before, gw_after)
     for index, (b_text, a_text) in enumerate(zip(gw_settled, gw_after, strict=True)):
         wait_b, sum_b = chat_wait(b_text)
         wait_a, sum_a = chat_wait(a_text)
@@ -533,6 +566,19 @@ async def run_round(
         for le, value in wait_a.items():
             into[le] = into.get(le, 0) + value - wait_b.get(le, 0)
         tally.chat_wait_sum[index] = tally.chat_wait_sum.get(index, 0) + sum_a - sum_b
+
+
+def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
+    """The lease renewals of a round and their durations, from each replica's /metrics
+    ``before`` and ``after`` it."""
+    for b_text, a_text in zip(before, after, strict=True):
+        b, a = metric_sums(b_text), metric_sums(a_text)
+        tally.renewals += a.get("kvpool_gateway_lease_renewals_total", 0) - b.get(
+            "kvpool_gateway_lease_renewals_total", 0
+        )
+        hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
+        for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
+            tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
 
 
 CHAT_WAIT = "kvpool_gateway_queue_seconds"
@@ -601,11 +647,38 @@ def _per(total: float, count: float) -> float | None:
     return _r(total / count) if count else None
 
 
+STEADY_FROM_SECONDS = 5  # a round's output from this second on is its steady state
+
+
+def streamed_rates(tally: Tally) -> tuple[float | None, float | None, list[float]]:
+    """Output tokens a second as they streamed: over a round's first
+    ``STEADY_FROM_SECONDS`` (its ramp-up: every replica and worker starts at once), over
+    the rest of its load (the steady state), and the mean of every second over the rounds."""
+    rounds = [r + [0] * (tally.round_seconds - len(r)) for r in tally.streamed_by_second]
+    if not rounds or tally.round_seconds <= STEADY_FROM_SECONDS:
+        return None, None, []
+    ramp = sum(sum(r[:STEADY_FROM_SECONDS]) for r in rounds)
+    steady = sum(sum(r[STEADY_FROM_SECONDS : tally.round_seconds]) for r in rounds)
+    longest = max(len(r) for r in rounds)
+    by_second = [
+        round(sum(r[i] for r in rounds if i < len(r)) / len(rounds), 1) for i in range(longest)
+    ]
+    return (
+        round(ramp / (STEADY_FROM_SECONDS * len(rounds)), 1),
+        round(steady / ((tally.round_seconds - STEADY_FROM_SECONDS) * len(rounds)), 1),
+        by_second,
+    )
+
+
 def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
     output = sum(tally.tokens.values())
+    ramp_rate, steady_rate, by_second = streamed_rates(tally)
     queued_and_engine = queue_and_engine(tally)
     row: dict[str, Any] = {
         "output_tokens_per_s": round(output / tally.seconds, 1) if tally.seconds else 0.0,
+        "ramp_output_tokens_per_s": ramp_rate,
+        "steady_output_tokens_per_s": steady_rate,
+        "output_by_second": by_second,
         "share_by_tier": {t: round(tally.tokens[t] / output, 3) if output else 0.0 for t in TIERS},
         "chats": len(tally.ttft_ms),
         "chat_ttft_p50_ms": _r(percentile(tally.ttft_ms, 50)),
@@ -620,6 +693,9 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "max_sum_in_use_slots": tally.max_in_use_slots,
         "max_sum_in_use_tokens": tally.max_in_use_tokens,
         "max_engine_sequences": tally.max_engine_sequences,
+        "mean_batch_overcommit_ratio": _per(tally.sum_batch_ratio, tally.ratio_samples),
+        "mean_engine_running": _per(tally.sum_engine_running, tally.engine_samples),
+        "mean_engine_kv_usage": _per(100 * tally.sum_engine_kv_usage, tally.engine_samples),
         "mean_sum_in_use_slots": _per(tally.sum_in_use_slots, tally.samples),
         "mean_sum_in_use_tokens": _per(tally.sum_in_use_tokens, tally.samples),
         "mean_idle_tokens_quiet_replicas": _per(tally.sum_idle_quiet_tokens, tally.samples),
@@ -651,6 +727,12 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
     if baseline is not None and baseline.seconds and sum(baseline.tokens.values()):
         base_rate = sum(baseline.tokens.values()) / baseline.seconds
         row["output_vs_one"] = round(output / tally.seconds / base_rate, 3)
+        base_ramp, base_steady, _ = streamed_rates(baseline)
+        for key, here, there in (
+            ("ramp_output_vs_one", ramp_rate, base_ramp),
+            ("steady_output_vs_one", steady_rate, base_steady),
+        ):
+            row[key] = round(here / there, 3) if here and there else None
         p95, base_p95 = percentile(tally.ttft_ms, 95), percentile(baseline.ttft_ms, 95)
         row["chat_p95_vs_one"] = _r(p95 / base_p95) if p95 and base_p95 else None
         base = queue_and_engine(baseline)
@@ -827,6 +909,20 @@ def print_table(result: dict[str, Any]) -> None:
             f"/{row['mean_idle_tokens_waiting_replicas'] or 0:<4.0f}"
             f" {row['renewals_per_s_per_replica'] or 0:6.1f} {row['renewal_p99_ms'] or 0:6.1f}"
             f" {row['gateway_cpu_percent_per_replica'] or 0:5.0f}"
+        )
+    print(
+        f"output as it streamed, tok/s (x one): a round's first {STEADY_FROM_SECONDS} s"
+        " (every replica and worker starts at once) | the rest of its load"
+    )
+    for name, row in result["scenarios"].items():
+        print(
+            f"  {name:19} {row['ramp_output_tokens_per_s'] or 0:7.0f}"
+            f" ({row.get('ramp_output_vs_one') or 1.0:.2f})"
+            f" | {row['steady_output_tokens_per_s'] or 0:7.0f}"
+            f" ({row.get('steady_output_vs_one') or 1.0:.2f});"
+            f" the engine's mean running sequences {row['mean_engine_running'] or 0:.2f},"
+            f" KV usage {row['mean_engine_kv_usage'] or 0:.0f} %;"
+            f" batch overcommit ratio {row['mean_batch_overcommit_ratio'] or 0:.2f}"
         )
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
