@@ -131,6 +131,35 @@ def test_overcommit_ratio(polls: list[int], expected: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("periods", "polls", "expected"),
+    [
+        (1, [0] * 20, 0.80),
+        (4, [0] * 5, 0.80),
+        (4, [0] * 20, 0.5),
+        (4, [0] * 5 + [2], 0.90),
+        (2.5, [0] * 4, 0.90),
+    ],
+    ids=[
+        "one-replica-one-step-a-poll",
+        "one-of-four-replicas-creeps-as-far-in-the-same-time",
+        "never-below-the-minimum",
+        "a-preemption-backs-off-once-a-poll",
+        "a-period-that-is-not-whole",
+    ],
+)
+def test_overcommit_ratio_creeps_by_time_not_by_poll(
+    periods: float, polls: list[int], expected: float
+) -> None:
+    """One of N gateway replicas polls the engines every N periods and sees every
+    preemption: a quiet, busy poll of it creeps N steps, so four replicas' ratios move
+    with time as one replica's does (docs/0008)."""
+    ratio = OvercommitRatio(minimum=0.5, step=0.01, backoff=0.1)
+    for preemptions in polls:
+        ratio.observe_poll(preemptions, max_usage=0.9, periods=periods)
+    assert ratio.value == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
     ("usages", "expected"),
     [
         ([0.0] * 100, 1.0),

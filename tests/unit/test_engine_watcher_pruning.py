@@ -1,4 +1,5 @@
-"""The engine watcher forgets a replica's preemption count with the replica (issue 18.8).
+"""The engine watcher forgets a replica's preemption count with the replica (issue 18.8),
+and one of N replicas' polls cover N periods (the overcommit ratio creeps by time).
 
 ``_preemptions_seen`` (each replica's last ``vllm:num_preemptions_total``) was keyed by
 replica URL and never pruned: a pool whose replicas come and go (autoscaling, rollouts:
@@ -7,6 +8,8 @@ and watcher; the engines' ``/metrics`` faked at the I/O boundary (the fetch func
 """
 
 from __future__ import annotations
+
+import pytest
 
 from kvpool.adapters.budget import InMemoryBudgetStore
 from kvpool.adapters.engine_metrics import EngineLoad
@@ -55,3 +58,32 @@ async def test_preemption_counts_are_pruned_with_the_replicas() -> None:
     gateway.apply_config(config(ROLLOUTS, ("chat",)).obj())  # the pool code left
     gateway._sync(gateway.index)
     assert set(gateway.watcher._preemptions_seen) <= {"chat"}
+
+
+async def test_a_poll_of_one_of_four_replicas_creeps_the_ratio_four_steps() -> None:
+    """A replica with a quarter of the plan polls every 4 periods: each busy, quiet poll
+    covers four of one replica's and lowers the overcommit ratio by four steps."""
+
+    async def fetch(url: str) -> EngineLoad:
+        return EngineLoad(kv_usage=0.9, running=4, waiting=0, preemptions_total=0)
+
+    two_tiers = (
+        AdmissionConfigBuilder()
+        .tier("interactive", 50)
+        .tier("batch", 30)
+        .pool("chat", [f"http://10.0.{i}.1:8000" for i in range(REPLICAS)])
+    )
+    ratios = {}
+    for share in (100, 25):
+        gateway = Gateway(
+            two_tiers.obj(),
+            InMemoryBudgetStore(),
+            settings=GatewaySettings(access_log=False, plan_share_percent=share),
+        )
+        gateway.watcher._fetch = fetch
+        gateway._sync(gateway.index)
+        for _ in range(5):
+            await gateway.watcher.poll_pool("chat")
+        ratios[share] = gateway.registry.adaptations["chat"].ratio_of("batch")
+    assert gateway.watcher.periods_per_poll() == 4
+    assert ratios == {100: pytest.approx(0.95), 25: pytest.approx(0.80)}

@@ -20,7 +20,9 @@ A poll that no engine of a pool answers keeps the last view (counted in
 ``kvpool_gateway_engine_poll_errors_total``). The period is this replica's share of the
 engines' poll budget (:meth:`CapacityShare.poll_period`: each of N gateway replicas polls
 every N x ``--engine-poll-seconds``), read again before every poll, from a random phase so
-that replicas started together do not poll in step.
+that replicas started together do not poll in step. Each poll tells the adaptation how
+many of those periods it covers, so that the overcommit ratio creeps with time as one
+replica's would (:meth:`OvercommitRatio.observe_poll`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ class EngineWatcher:
                 except Exception as exc:  # one bad poll must not end the watch
                     log.warning("engine poll of pool %s failed: %s", name, exc)
 
+    def periods_per_poll(self) -> float:
+        """The poll periods of all replicas together that one poll of this replica covers
+        (N of N live replicas): the overcommit ratio creeps by time, not by poll."""
+        if self.poll_seconds <= 0:
+            return 1.0
+        return self.capacity.poll_period(self.poll_seconds) / self.poll_seconds
+
     def forget_pool(self, pool: str) -> None:
         """The pool left the config: drop its usage gauges and preemption counts."""
         self._forget_kv_usage(pool, set())
@@ -119,7 +128,7 @@ class EngineWatcher:
             return  # no engine answered: keep the last view (counted in poll errors)
         if new:
             self.metrics.engine_preemptions.labels(name).inc(new)
-        verdict = adaptation.engines(new, usage)
+        verdict = adaptation.engines(new, usage, self.periods_per_poll())
         runtime.set_borrowing_paused(verdict.pause_borrowing)
         self.metrics.borrowing_paused.labels(name).set(1 if verdict.pause_borrowing else 0)
         for tier in adaptation.tiers:

@@ -119,9 +119,12 @@ class PoolAdaptation:
         if learner is not None and sequences > 0:
             learner.observe(-(-completion_tokens // sequences), bound, tenant)
 
-    def engines(self, new_preemptions: int, max_usage: float | None) -> EngineVerdict:
-        """One poll of the pool's engines: preemptions since the last poll, highest usage."""
-        ratio = self.ratio.observe_poll(new_preemptions, max_usage)
+    def engines(
+        self, new_preemptions: int, max_usage: float | None, periods: float = 1.0
+    ) -> EngineVerdict:
+        """One poll of the pool's engines: preemptions since the last poll, highest usage,
+        and how many poll periods it covers (N for one of N gateway replicas)."""
+        ratio = self.ratio.observe_poll(new_preemptions, max_usage, periods)
         if max_usage is not None:
             if max_usage >= self.pause_usage:
                 self.paused = True
