@@ -155,6 +155,11 @@ class Tally:
     max_in_use_tokens: float = 0.0  # largest sum over replicas of in-use KV tokens (sampled)
     max_engine_sequences: float = 0.0  # largest running + waiting on the engine (sampled)
     engine_samples: int = 0  # scrapes of the engine's /metrics that answered
+    engine_full_samples: int = 0  # of them, with KV usage at the pause mark or above
+    replica_samples: int = 0  # replicas' /metrics read, and of them with borrowing paused
+    paused_samples: int = 0
+    # the replicas' summed in-use KV tokens at each sample that saw new preemptions
+    reserved_at_preemption: list[float] = field(default_factory=list)
     ratio_samples: int = 0  # replicas' batch overcommit ratios read, and their sum
     sum_batch_ratio: float = 0.0
     sum_engine_running: float = 0.0  # the engine's running sequences, summed over them
@@ -316,6 +321,7 @@ class ReplicaSample:
     queued: float = 0.0  # requests waiting for admission
     leased_tokens: float | None = None  # its lease's total (None: it admits without one)
     batch_ratio: float | None = None  # the batch tier's overcommit ratio (1: none)
+    paused: bool = False  # borrowing paused (the engines' KV usage near full)
 
 
 def replica_sample(text: str) -> ReplicaSample:
@@ -324,10 +330,13 @@ def replica_sample(text: str) -> ReplicaSample:
     slots = tokens = queued = 0.0
     leased: float | None = None
     ratio: float | None = None
+    paused = False
     for line in text.splitlines():
         value = line.rsplit(" ", 1)[-1]
         if line.startswith("kvpool_gateway_overcommit_ratio{") and 'tier="batch"' in line:
             ratio = float(value)
+        elif line.startswith("kvpool_gateway_borrowing_paused{"):
+            paused = paused or float(value) > 0
         elif line.startswith("kvpool_gateway_queued_requests{"):
             queued += float(value)
         elif line.startswith("kvpool_gateway_lease_capacity{") and (
@@ -338,7 +347,7 @@ def replica_sample(text: str) -> ReplicaSample:
             slots += float(value)
         elif 'kind="in_use"' in line and line.startswith("kvpool_gateway_tier_tokens{"):
             tokens += float(value)
-    return ReplicaSample(slots, tokens, queued, leased, ratio)
+    return ReplicaSample(slots, tokens, queued, leased, ratio, paused)
 
 
 def idle_leased(replicas: list[ReplicaSample], plan_tokens: int) -> tuple[float, float]:
@@ -367,6 +376,7 @@ async def sample(
 ) -> None:
     """Every ``interval`` seconds: the sum of the replicas' in-use slots and KV tokens, where
     the leased tokens not in use are (:func:`idle_leased`), and the engine's sequences."""
+    last_preempted: float | None = None
     while not stop.is_set():
         texts = await asyncio.gather(
             *(fetch_text(session, url) for url in metrics), return_exceptions=True
@@ -377,6 +387,8 @@ async def sample(
         tally.samples += 1
         tally.sum_in_use_slots += sum(u.slots for u in used)
         tally.sum_in_use_tokens += sum(u.tokens for u in used)
+        tally.paused_samples += sum(1 for u in used if u.paused)
+        tally.replica_samples += len(used)
         ratios = [u.batch_ratio for u in used if u.batch_ratio is not None]
         if ratios:
             tally.ratio_samples += len(ratios)
@@ -396,6 +408,11 @@ async def sample(
             tally.engine_samples += 1
             tally.sum_engine_running += sums.get("vllm:num_requests_running", 0)
             tally.sum_engine_kv_usage += sums.get("vllm:kv_cache_usage_perc", 0)
+            tally.engine_full_samples += sums.get("vllm:kv_cache_usage_perc", 0) >= PAUSE_USAGE
+            preempted = sums.get("vllm:num_preemptions_total", 0)
+            if last_preempted is not None and preempted > last_preempted:
+                tally.reserved_at_preemption.append(sum(u.tokens for u in used))
+            last_preempted = preempted
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
 
@@ -418,6 +435,8 @@ def start_gateway(
     )
     return gateway.start(timeout=30)
 
+
+PAUSE_USAGE = 0.97  # the gateway's default: measured KV usage that pauses borrowing
 
 # a chat "waited" for admission, by the access logs (the histogram's bucket is 0.025 s)
 LOGGED_WAIT_MS = 25
@@ -695,6 +714,9 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "max_engine_sequences": tally.max_engine_sequences,
         "mean_batch_overcommit_ratio": _per(tally.sum_batch_ratio, tally.ratio_samples),
         "mean_engine_running": _per(tally.sum_engine_running, tally.engine_samples),
+        "engine_full_percent": _per(100 * tally.engine_full_samples, tally.engine_samples),
+        "borrowing_paused_percent": _per(100 * tally.paused_samples, tally.replica_samples),
+        "reserved_at_preemption_tokens": [round(v) for v in tally.reserved_at_preemption],
         "mean_engine_kv_usage": _per(100 * tally.sum_engine_kv_usage, tally.engine_samples),
         "mean_sum_in_use_slots": _per(tally.sum_in_use_slots, tally.samples),
         "mean_sum_in_use_tokens": _per(tally.sum_in_use_tokens, tally.samples),
@@ -922,7 +944,9 @@ def print_table(result: dict[str, Any]) -> None:
             f" ({row.get('steady_output_vs_one') or 1.0:.2f});"
             f" the engine's mean running sequences {row['mean_engine_running'] or 0:.2f},"
             f" KV usage {row['mean_engine_kv_usage'] or 0:.0f} %;"
-            f" batch overcommit ratio {row['mean_batch_overcommit_ratio'] or 0:.2f}"
+            f" batch overcommit ratio {row['mean_batch_overcommit_ratio'] or 0:.2f};"
+            f" engine KV >= {PAUSE_USAGE:.0%} in {row['engine_full_percent'] or 0:.1f} %"
+            f" of samples, borrowing paused in {row['borrowing_paused_percent'] or 0:.1f} %"
         )
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
