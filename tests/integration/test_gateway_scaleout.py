@@ -372,6 +372,28 @@ async def test_a_replica_that_stops_gives_its_capacity_back_at_once(
     assert seconds < TTL / 3, f"took {seconds:.2f} s: a's claims expired, not given back"
 
 
+async def test_a_replica_that_stops_while_redis_is_down_says_so_and_exits(
+    replicas, redis: RedisServer
+) -> None:
+    """Given Redis is down, when a replica is stopped (SIGTERM), it still exits cleanly and
+    promptly, and its log says its capacity could not be given back and when the others
+    take it (its claims expire): the degraded path is explicit, never a traceback."""
+    a, b = await replicas("--shutdown-timeout", "0.5"), await replicas()
+    await both_members(a, b)
+    redis.kill()
+    await renewals_after(a, 1, result="error")
+    assert a.process.proc is not None
+    loop = asyncio.get_running_loop()
+    signalled = loop.time()
+    a.process.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(a.process.proc.wait, 10) == 0
+    seconds = loop.time() - signalled
+    log = a.process.log_path.read_text()
+    assert "could not give this replica's capacity back" in log, log[-2000:]
+    assert "Traceback" not in log, log[-4000:]
+    assert seconds < 5, f"took {seconds:.2f} s to exit with Redis down"
+
+
 async def test_redis_down_keeps_admitting_on_the_equal_split_then_leases_again(
     replicas, engine: FakeEngine, traffic: Traffic, redis: RedisServer
 ) -> None:
