@@ -347,7 +347,13 @@ class World:
     def call(self, r: Replica, desired: dict[str, int]) -> None:
         # shrink first (locally, before sending), then claim what is still held
         r.lease = {c: min(v, desired.get(c, 0)) for c, v in r.lease.items()}
-        held = {c: max(r.lease.get(c, 0), r.used.get(c, 0)) for c in set(r.lease) | set(r.used)}
+        # an expired lease holds nothing but what runs (the gateway's held_components is
+        # given an empty lease then): after a stop past the TTL, others got its capacity
+        valid = self.now < r.valid_until
+        held = {
+            c: max(r.lease.get(c, 0) if valid else 0, r.used.get(c, 0))
+            for c in set(r.lease) | set(r.used)
+        }
         sent = self.now
         # the script: forget expired members, warm up after a restart, grant
         self.redis = self.live_entries()

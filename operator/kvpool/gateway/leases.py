@@ -306,8 +306,12 @@ class LeaseKeeper:
                 state.lease, gave_up = smaller, True
                 self._refresh(state.pool)  # give it up here before Redis hands it out
                 snapshot, tenants = self._usage(state)  # the shrink may have moved them
+            # an expired lease holds nothing but what runs: after a stop past the lease
+            # TTL its capacity may have gone to the others (with Redis restarted, the
+            # warm-up would grant it back to this replica while they hold it)
+            holding = state.lease if self._lease_valid(now) else Lease()
             held = held_components(
-                state.lease,
+                holding,
                 snapshot.tiers if snapshot is not None else (),
                 Amount(snapshot.shared_used_tokens, snapshot.shared_used_slots)
                 if snapshot is not None
@@ -386,6 +390,11 @@ class LeaseKeeper:
         if self._mode is LeaseMode.EQUAL:
             return equal
         return Lease()
+
+    def _lease_valid(self, now: float) -> bool:
+        """Whether the last granted lease still holds at ``now`` (it ends a lease TTL after
+        the renewal that granted it)."""
+        return self._last_ok is not None and now < self._last_ok + self.clock.lease_ttl
 
     def _update_mode(self, now: float) -> None:
         mode = decide_lease_mode(
