@@ -66,7 +66,7 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.engine import EngineConfig, VllmEngine
+from tests.support.engine import EngineConfig, VllmEngine, parse_cache_config_info
 from tests.support.gateway import GatewayProcess
 from tests.support.redis_server import RedisServer
 from tests.support.tiny_model import tiny_model_dir
@@ -158,6 +158,12 @@ class Tally:
     engine_full_samples: int = 0  # of them, with KV usage at the pause mark or above
     replica_samples: int = 0  # replicas' /metrics read, and of them with borrowing paused
     paused_samples: int = 0
+    # by the access logs: seconds with any KV reserved, with the replicas' reservations
+    # summed above the plan, and above the engine's KV (its usable tokens)
+    reserved_seconds: float = 0.0
+    reserved_over_plan_seconds: float = 0.0
+    reserved_over_kv_seconds: float = 0.0
+    engine_kv_tokens: int = 0
     # the replicas' summed in-use KV tokens at each sample that saw new preemptions
     reserved_at_preemption: list[float] = field(default_factory=list)
     ratio_samples: int = 0  # replicas' batch overcommit ratios read, and their sum
@@ -487,6 +493,47 @@ def chat_times(tally: Tally, logs: dict[Path, int], wall_from: float, wall_to: f
             tally.first_chat_waits += int(chats[0][1] > LOGGED_WAIT_MS)
 
 
+async def engine_before(
+    session: aiohttp.ClientSession, engine: VllmEngine, tally: Tally
+) -> dict[str, float]:
+    """The engine's metric sums at a round's start; its usable KV tokens into ``tally``."""
+    text = await fetch_text(session, engine.metrics_url)
+    info = parse_cache_config_info(text)  # one block is vLLM's null block
+    tally.engine_kv_tokens = (info.num_gpu_blocks - 1) * info.block_size
+    return metric_sums(text)
+
+
+def reservations_over(tally: Tally, logs: dict[Path, int], plan_tokens: int) -> None:
+    """From every request of the round in the gateways' access logs (admitted at arrival
+    + queue, ended at ``ts``), the KV tokens all replicas had reserved together over time:
+    the seconds it was above zero, above the plan and above the engine's KV. Exact where
+    a periodic sample of the replicas' gauges misses requests that last ~0.6 s."""
+    events: list[tuple[float, int]] = []
+    for path, offset in logs.items():
+        with path.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode("utf-8", errors="replace")
+        for line in text.splitlines():
+            if not line.startswith('{"ts"'):
+                continue
+            record = json.loads(line)
+            reserved = record.get("reserved_tokens")
+            if record.get("status") != 200 or not reserved:
+                continue
+            ended = record["ts"]
+            admitted = ended - (record["duration_ms"] - record["queue_ms"]) / 1000
+            events += [(admitted, reserved), (ended, -reserved)]
+    events.sort()
+    level, last = 0, None
+    for at, change in events:
+        if last is not None and level > 0:
+            seconds = at - last
+            tally.reserved_seconds += seconds
+            tally.reserved_over_plan_seconds += seconds if level > plan_tokens else 0.0
+            tally.reserved_over_kv_seconds += seconds if level > tally.engine_kv_tokens else 0.0
+        level, last = level + change, at
+
+
 async def redis_commands(redis: RedisServer) -> float:
     client = aioredis.from_url(redis.url)
     try:
@@ -518,7 +565,7 @@ async def run_round(
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await wait_engine_idle(session, engine.metrics_url, 60)
-            before = metric_sums(await fetch_text(session, engine.metrics_url))
+            before = await engine_before(session, engine, tally)
             gw_before = [await fetch_text(session, g.metrics_url) for g in gateways]
             commands = await redis_commands(redis)
             cpu = sum(cpu_seconds(g.process.pid) for g in gateways)
@@ -569,6 +616,7 @@ async def run_round(
     finally:
         await asyncio.gather(*(asyncio.to_thread(g.stop) for g in gateways))
     chat_times(tally, logs, wall_from, wall_to)
+    reservations_over(tally, logs, plan.planned()["total_tokens"])
     tally.seconds += elapsed
     tally.replica_seconds += elapsed * scenario.replicas
     tally.preemptions += after.get("vllm:num_preemptions_total", 0) - before.get(
@@ -717,6 +765,12 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "engine_full_percent": _per(100 * tally.engine_full_samples, tally.engine_samples),
         "borrowing_paused_percent": _per(100 * tally.paused_samples, tally.replica_samples),
         "reserved_at_preemption_tokens": [round(v) for v in tally.reserved_at_preemption],
+        "reserved_over_plan_percent": _per(
+            100 * tally.reserved_over_plan_seconds, tally.reserved_seconds
+        ),
+        "reserved_over_engine_kv_percent": _per(
+            100 * tally.reserved_over_kv_seconds, tally.reserved_seconds
+        ),
         "mean_engine_kv_usage": _per(100 * tally.sum_engine_kv_usage, tally.engine_samples),
         "mean_sum_in_use_slots": _per(tally.sum_in_use_slots, tally.samples),
         "mean_sum_in_use_tokens": _per(tally.sum_in_use_tokens, tally.samples),
@@ -946,7 +1000,9 @@ def print_table(result: dict[str, Any]) -> None:
             f" KV usage {row['mean_engine_kv_usage'] or 0:.0f} %;"
             f" batch overcommit ratio {row['mean_batch_overcommit_ratio'] or 0:.2f};"
             f" engine KV >= {PAUSE_USAGE:.0%} in {row['engine_full_percent'] or 0:.1f} %"
-            f" of samples, borrowing paused in {row['borrowing_paused_percent'] or 0:.1f} %"
+            f" of samples, borrowing paused in {row['borrowing_paused_percent'] or 0:.1f} %;"
+            f" reserved above the plan {row['reserved_over_plan_percent'] or 0:.1f} % of the"
+            f" time, above the engine's KV {row['reserved_over_engine_kv_percent'] or 0:.1f} %"
         )
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
