@@ -108,6 +108,10 @@ def run_scaleout(
         "batch_sent_via_a": len(batch),
         "chats_answered_via_b": len(ttfts),
         "chats_sent_via_b": len(chats),
+        # the chats not answered, as "status error" (a refusal's code, or the exception)
+        "chats_not_answered_via_b": [
+            f"{r.status} {r.error}" for r in chats if r.status != 200 or r.ttft is None
+        ],
         "chat_ttft_p95_ms": _round(percentile(ttfts, 0.95)),
         "max_sum_in_use_slots": max(sums, default=0.0),
         "mean_leased_slots_a_b": [

@@ -137,7 +137,10 @@ def test_quick_demo_serves_interactive_with_measured_capacity(tmp_path: Path) ->
     scaleout = results["scaleout"]
     assert scaleout["members"] == 2
     assert scaleout["chats_answered_via_b"] > 0, scaleout
-    assert scaleout["chats_answered_via_b"] == scaleout["chats_sent_via_b"], scaleout
+    assert scaleout["chats_answered_via_b"] == scaleout["chats_sent_via_b"], (
+        f"chats not answered via b: {scaleout['chats_not_answered_via_b']} "
+        f"of {scaleout['chats_sent_via_b']}"
+    )
     assert scaleout["batch_answered_via_a"] > 0, scaleout
     assert scaleout["max_sum_in_use_slots"] <= scaleout["plan_slots"], scaleout
     assert scaleout["seconds_to_whole_plan_after_kill"] <= 5, scaleout
