@@ -399,11 +399,11 @@ ALLOCATION_CASES = [
             "b": {"interactive": ZERO, "batch": ZERO},
             "c": {"interactive": A(800, 4), "batch": ZERO},
         },
-        # steps 1-6 gave a 450 tokens (one more request of 200 starts, 50 idle) and b 550
-        # (no request of 350 starts, 200 idle): 250 idle while both queues wait. b's
-        # left-over completes a's next request: a starts two, b keeps 50
-        shared={"a": A(200, 2), "b": A(0, 2), "c": ZERO},
-        loans={"a": {"interactive": A(400, 2)}, "b": {"interactive": A(400, 1)}},
+        # the requests in flight first (the shared remainder 100 and 100, then loans of
+        # 100 and 250), then the queues, then consolidation: a starts two more requests
+        # (50 idle), b none and holds exactly what its running request reserves
+        shared={"a": A(100, 2), "b": A(100, 2), "c": ZERO},
+        loans={"a": {"interactive": A(550, 2)}, "b": {"interactive": A(250, 1)}},
     ),
     AllocationCase(
         id="a-wait-floors-pieces-move-to-where-they-start-a-request",
@@ -710,3 +710,40 @@ def test_a_tier_that_arrived_lately_is_reported_with_no_demand() -> None:
     assert report.arrives("interactive") and report.arrives("batch")
     assert not report_of([idle], {}, {}, {}).arrives("interactive")  # never seen: left out
     assert not Report({"interactive": TierDemand()}).active  # presence alone is no demand
+
+
+def test_a_floor_lent_to_another_replica_is_not_lendable_at_the_lender_too() -> None:
+    """On one replica a piece of idle interactive floor has one borrower. ``b`` holds the
+    interactive floor with one chat in flight and queues batch; ``a``'s batch runs on a
+    loan of ``b``'s idle floor (its requests in flight hold it). The loan stays booked on
+    ``b`` (requests in flight before any queue borrows at home), and applied at ``b`` the
+    booked part is not lendable to ``b``'s own batch: before, ``b``'s queue took the idle
+    floor at home while ``a``'s requests kept the loan (11 requests on an 8-slot engine in
+    ``test_a_floor_lent_to_another_replica_has_one_borrower``)."""
+    plan = three_tiers()
+    chat = TierDemand(now=A(120, 1), peak=A(120, 1), held=A(120, 1))
+    running = TierDemand(now=A(1600, 5), peak=A(1600, 5), head_tokens=400, held=A(1600, 5))
+    queued = TierDemand(now=A(1200, 3), peak=A(1200, 3), head_tokens=400)
+    reports = {
+        "a": Report({"batch": running}),
+        "b": Report({"interactive": chat, "batch": queued}),
+    }
+    leases = plan_leases(plan, reports)
+    loan = leases["a"].loans.get("interactive", ZERO)
+    assert loan.tokens > 0 and loan.slots > 0, leases["a"]
+    floor = leases["b"].floors["interactive"]
+    idle = plan.lendable("interactive", floor).min(floor - A(120, 1))  # what the chat leaves
+    here = leases["b"].lendable_here["interactive"]
+    assert here == (idle - loan).clamp0(), (here, idle, loan)
+    assert leases["a"].lendable_here == {}  # nothing of a's floors is lent
+    assert "lendable" not in str(leases["b"].components())  # not a claim: Redis never sees it
+    pool = (
+        CompiledPoolBuilder("tiny")
+        .capacity(1843, 8)
+        .replica_capacity(1843, 8)
+        .tier("interactive", 893, 4)
+        .obj()
+    )
+    at_b = apply_lease(pool, plan, leases["b"]).tiers["interactive"]
+    assert (at_b.lendable_tokens, at_b.lendable_slots) == (here.tokens, here.slots)
+    assert at_b.floor_tokens == floor.tokens  # its chats keep the whole floor

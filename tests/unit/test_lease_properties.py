@@ -137,6 +137,15 @@ def test_the_allocation_places_everything_and_never_more(data: st.DataObject) ->
             if tier in plan.preempt:
                 assert placed == floor, (dim, tier)  # the lender keeps its floor
                 assert loans + standby <= lendable, (dim, tier, loans, standby, lendable)
+                # what a lender may still lend at home is within its floor's lendable part,
+                # and only a replica whose floor lends to the others has such a limit
+                for member, x in leases.items():
+                    here = x.lendable_here.get(tier)
+                    if here is not None:
+                        mine = plan.lendable(tier, x.floors.get(tier, ZERO))
+                        assert 0 <= part(here) <= part(mine), (dim, tier, member, x)
+                        lent = sum((y.loans.get(tier, ZERO) for y in leases.values()), ZERO)
+                        assert not lent.is_zero, (dim, tier, member, x)
             else:
                 assert standby == 0, (dim, tier)  # only a Preempt tier stands by
                 assert placed + loans == floor, (dim, tier)  # what it lends moved

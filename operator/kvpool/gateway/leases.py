@@ -43,7 +43,8 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
 from kvpool.api.admission_config import (
@@ -296,14 +297,18 @@ class LeaseKeeper:
         renewals: list[PlanRenewal] = []
         asked: dict[tuple[str, str], dict[str, int]] = {}
         sent_reports: dict[tuple[str, str], Report] = {}
+        # per plan, what of its floors this replica may lend at home (part lent away)
+        lendable_here: dict[tuple[str, str], Mapping[str, Amount]] = {}
         gave_up = False
         for state in plans:
             snapshot, tenants = self._usage(state)
             report = state.report(snapshot, tenants, now)
             desired = state.desired(self.member, report)
+            lendable_here[state.key] = desired.lendable_here
             smaller = shrink_to(state.lease, desired)
-            if smaller != state.lease:
-                state.lease, gave_up = smaller, True
+            if smaller.components() != state.lease.components():
+                state.lease = replace(smaller, lendable_here=desired.lendable_here)
+                gave_up = True
                 self._refresh(state.pool)  # give it up here before Redis hands it out
                 snapshot, tenants = self._usage(state)  # the shrink may have moved them
             # an expired lease holds nothing but what runs: after a stop past the lease
@@ -354,7 +359,7 @@ class LeaseKeeper:
             if smaller_somewhere(state.granted, state.lease):
                 gave_up = True
             self.metrics.count_handover(state.pool, state.lease, state.granted)
-            state.lease = state.granted
+            state.lease = replace(state.granted, lendable_here=lendable_here[state.key])
         self._update_mode(loop.time())
         return gave_up, asked, sent_reports
 
@@ -429,7 +434,7 @@ class LeaseKeeper:
         moved = {
             state.pool
             for key, state in self._plans.items()
-            if self._effective(state).components() != self._applied.get(key, Lease()).components()
+            if _admits_differently(self._effective(state), self._applied.get(key, Lease()))
         }
         for pool in moved:
             self._refresh(pool)  # calls pool_view: applies and records the new leases
@@ -465,3 +470,11 @@ _MODE_NOTES = {
     "admitting nothing until Redis answers",
     LeaseMode.LEASED: "",
 }
+
+
+def _admits_differently(lease: Lease, applied: Lease) -> bool:
+    """Whether ``lease`` gives this replica another pool view than ``applied``: another
+    claim, or another part of its floors lendable here (part lent to the others)."""
+    return (
+        lease.components() != applied.components() or lease.lendable_here != applied.lendable_here
+    )

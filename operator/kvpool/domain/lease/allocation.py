@@ -36,7 +36,11 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
    *other* replicas, lowest-priority lenders first: a ``Wait`` tier's floor moves to the
    borrower (and comes back as its borrowers finish), a ``Preempt`` tier's is booked on
    both (the lender takes it back at once through the engines' preemption; see
-   :mod:`.model`).
+   :mod:`.model`), and the lender's lease says what it may still lend at home
+   (``Lease.lendable_here``): one borrower a piece, as on one replica. Requests in
+   flight come first throughout: their over-floor part borrows at home, then the
+   shared remainder, then loans, all before any queue borrows at home (step 3 for the
+   queues comes after), so a loan that runs stays booked on its lender.
 6. **Slack.** The shared remainder no one waits for is spread over the active replicas
    (any demand in the last few seconds), so a burst starts without waiting for a renewal.
 7. **Consolidation.** Steps 1-5 each cut their part in whole requests, but the pieces of
@@ -253,7 +257,8 @@ class _Dimension:
 
     def run(self) -> None:
         """Everything after the floors and the standbys (:func:`_stand_by`)."""
-        need, idle = self._borrow_at_home()
+        need, idle = self._over_floors(), self._idle_lendable()
+        self._borrow_at_home(need, idle, running_only=True)
         for member in self.members:  # loans and standbys share the lendable floor
             for tier, booked in self.standing[member].items():
                 idle[member][tier] = max(0, idle[member][tier] - booked)
@@ -266,6 +271,10 @@ class _Dimension:
                 self.shared[member] += amount
                 need[member][tier] -= amount
                 left -= amount
+        # requests in flight keep the loans they run on before any queue borrows at home:
+        # one piece of idle floor, one borrower (the lender's view lends only the rest)
+        self._loan(need, idle, running_only=True)
+        self._borrow_at_home(need, idle, running_only=False)
         self._loan(need, idle)
         for member, amount in spread(left, dict.fromkeys(self.active or self.members, 1)).items():
             self.shared[member] += amount
@@ -343,38 +352,70 @@ class _Dimension:
             want -= take
         return True
 
-    def _borrow_at_home(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-        """Per member, each tier's need above its floor after borrowing the member's own
-        idle lendable floors (lowest-priority lenders first, as the controller attributes
-        them), and the idle lendable floor left per tier."""
-        need: dict[str, dict[str, int]] = {}
+    def _over_floors(self) -> dict[str, dict[str, int]]:
+        """Per member, each tier's demand above its floor there."""
+        return {
+            m: {t: max(0, self.now[m][t] - self.floors[m][t]) for t in self.plan.tiers}
+            for m in self.members
+        }
+
+    def _idle_lendable(self) -> dict[str, dict[str, int]]:
+        """Per member, the lendable part of each tier's floor its demand leaves idle."""
         idle: dict[str, dict[str, int]] = {}
         for member in self.members:
             floors, now = self.floors[member], self.now[member]
-            lendable = {
-                t: floors[t] * self.plan.lend_percent.get(t, 0) // 100 for t in self.plan.tiers
-            }
             idle[member] = {
-                t: max(0, min(lendable[t], floors[t] - min(now[t], floors[t])))
+                t: max(
+                    0,
+                    min(
+                        floors[t] * self.plan.lend_percent.get(t, 0) // 100,
+                        floors[t] - min(now[t], floors[t]),
+                    ),
+                )
                 for t in self.plan.tiers
             }
-            need[member] = {}
+        return idle
+
+    def _running_need(self, need: dict[str, dict[str, int]], member: str, tier: str) -> int:
+        """Of ``member``'s need of ``tier``, what its requests in flight already reserve."""
+        covered = self.now[member][tier] - need[member][tier]
+        return min(need[member][tier], max(0, self.held[member][tier] - covered))
+
+    def _borrow_at_home(
+        self,
+        need: dict[str, dict[str, int]],
+        idle: dict[str, dict[str, int]],
+        *,
+        running_only: bool,
+    ) -> None:
+        """Meet each member's need (its requests in flight only, or all of it) from the
+        idle lendable floors it holds itself, lowest-priority lenders first (as the
+        controller attributes them)."""
+        for member in self.members:
             for tier in self.plan.tiers:
-                over = max(0, now[tier] - floors[tier])
+                want = need[member][tier]
+                if running_only:
+                    want = self._running_need(need, member, tier)
                 for lender in reversed(self.plan.tiers):
-                    if over <= 0:
+                    if want <= 0:
                         break
                     if lender == tier:
                         continue
-                    take = min(over, idle[member][lender])
+                    take = min(want, idle[member][lender])
                     idle[member][lender] -= take
-                    over -= take
-                need[member][tier] = over
-        return need, idle
+                    need[member][tier] -= take
+                    want -= take
 
-    def _loan(self, need: dict[str, dict[str, int]], idle: dict[str, dict[str, int]]) -> None:
-        """Meet what still waits from the idle lendable floors other members hold,
-        lowest-priority lenders first (as the controller attributes borrowing)."""
+    def _loan(
+        self,
+        need: dict[str, dict[str, int]],
+        idle: dict[str, dict[str, int]],
+        *,
+        running_only: bool = False,
+    ) -> None:
+        """Meet what still waits (or only what requests in flight reserve) from the idle
+        lendable floors other members hold, lowest-priority lenders first (as the
+        controller attributes borrowing)."""
         for tier in self.plan.tiers:
             for lender in reversed(self.plan.tiers):
                 if lender == tier or not any(need[m][tier] > 0 for m in self.members):
@@ -383,7 +424,10 @@ class _Dimension:
                 if pool <= 0:
                     continue
                 wants = {
-                    m: min(need[m][tier], pool - idle[m][lender])
+                    m: min(
+                        self._running_need(need, m, tier) if running_only else need[m][tier],
+                        pool - idle[m][lender],
+                    )
                     for m in self.members
                     if need[m][tier] > 0
                 }
@@ -418,12 +462,27 @@ class _Dimension:
 
     # -- consolidation (step 7) ------------------------------------------------------------
 
+    def lent_by(self, member: str, tier: str) -> int:
+        """What of ``member``'s floor of ``tier`` (a Preempt tier) is booked as loans to
+        the other members."""
+        return sum(on.get(tier, {}).get(member, 0) for on in self.booked.values())
+
+    def lendable_here(self, member: str, tier: str) -> int:
+        """What of ``member``'s floor of ``tier`` (a Preempt tier) its own lower tiers may
+        borrow: the lendable part when nothing of it is lent to the others, else the idle
+        lendable part less the loans booked on it (one borrower a piece)."""
+        floor = self.floors[member][tier]
+        lendable = floor * self.plan.lend_percent.get(tier, 0) // 100
+        lent = self.lent_by(member, tier)
+        if lent <= 0:
+            return lendable
+        return max(0, min(lendable, floor - min(self.now[member][tier], floor)) - lent)
+
     def bookable(self, member: str, tier: str) -> int:
         """What more of ``member``'s lendable floor of ``tier`` (a Preempt tier) loans and
         standbys may be booked on: its lendable part less what the tier holds there,
         the standbys and the loans already booked on it."""
-        booked = sum(on.get(tier, {}).get(member, 0) for on in self.booked.values())
-        return max(0, self._lendable_free(member, tier) - booked)
+        return max(0, self._lendable_free(member, tier) - self.lent_by(member, tier))
 
     def lend(self, lender: str, receiver: str, tier: str, amount: int) -> int:
         """Book a loan of up to ``amount`` of ``lender``'s idle lendable floor of ``tier``
@@ -777,6 +836,11 @@ def plan_leases(plan: LeasePlan, reports: Mapping[str, Report]) -> dict[str, Lea
             standby={
                 t: Amount(tokens.standby[member].get(t, 0), slots.standby[member].get(t, 0))
                 for t in sorted(standing)
+            },
+            lendable_here={
+                t: Amount(tokens.lendable_here(member, t), slots.lendable_here(member, t))
+                for t in sorted(plan.preempt)
+                if tokens.lent_by(member, t) or slots.lent_by(member, t)
             },
         )
     return leases

@@ -14,7 +14,10 @@ lease gives one gateway replica a part of each *component* of the plan:
   borrowers finish, as on one replica. For a ``reclaim: Preempt`` tier the loan is booked
   twice on purpose: the lender keeps its floor and admits into it at once, and the engines'
   priority scheduler preempts the borrowers, exactly what ``Preempt`` means on one replica
-  (docs/0003 §3); such loans are bounded by the tier's lendable floor;
+  (docs/0003 §3); such loans are bounded by the tier's lendable floor. What is lent away
+  is no longer lendable *at the lender* (:attr:`Lease.lendable_here`): on one replica a
+  piece of idle floor has one borrower, so the lender's own lower tiers do not borrow the
+  piece another replica's borrowers run on;
 - ``standby.<dim>.<tier>``: for a ``reclaim: Preempt`` tier only, one request's worth of
   that tier's idle lendable floor placed on another replica, given ahead of demand to a
   replica where the tier arrives but whose own part of the floor has no room left for its
@@ -147,6 +150,11 @@ class Lease:
     loans: Mapping[str, Amount] = field(default_factory=dict)
     tenants: Mapping[str, int] = field(default_factory=dict)
     standby: Mapping[str, Amount] = field(default_factory=dict)  # Preempt tier -> its standby
+    # Preempt tier -> what of its floor here this replica's own lower tiers may borrow,
+    # where the allocation lent part of it to the others: its idle lendable part less the
+    # loans booked on it (absent: the floor's lendable part). Not a claim (not in
+    # :meth:`components`): Redis never sees it
+    lendable_here: Mapping[str, Amount] = field(default_factory=dict)
 
     @property
     def total(self) -> Amount:
@@ -246,7 +254,9 @@ def apply_lease(view: CompiledPool, plan: LeasePlan, lease: Lease) -> CompiledPo
     """The pool view one replica admits against under ``lease``.
 
     Floors and their lendable parts are the lease's, a tier's standby added to its floor
-    but not to the lendable part (only the tier's own requests start on it); the shared
+    but not to the lendable part (only the tier's own requests start on it), the lendable
+    part no more than :attr:`Lease.lendable_here` where the floor lends to other replicas
+    (one borrower a piece, as on one replica); the shared
     remainder is the lease's shared part plus its loans (a borrower does not care whose
     idle floor it uses); an engine replica's capacity is scaled by the lease's share of
     the plan's total, so that what all gateway replicas route to one engine stays within
@@ -256,11 +266,12 @@ def apply_lease(view: CompiledPool, plan: LeasePlan, lease: Lease) -> CompiledPo
         name: TierAllocation(
             floor_tokens=floor.tokens + standby.tokens,
             floor_slots=floor.slots + standby.slots,
-            lendable_tokens=plan.lendable(name, floor).tokens,
-            lendable_slots=plan.lendable(name, floor).slots,
+            lendable_tokens=lendable.tokens,
+            lendable_slots=lendable.slots,
         )
         for name in plan.tiers
         for floor, standby in [(lease.floors.get(name, ZERO), lease.standby.get(name, ZERO))]
+        for lendable in [plan.lendable(name, floor).min(lease.lendable_here.get(name, floor))]
     }
     shared = lease.shared + sum(lease.loans.values(), ZERO)
     total = lease.total
