@@ -2,10 +2,12 @@
 second time in one renewal only when the answer brought other replicas' reports that
 change its wish, never because its own demand moved while the first call was in flight
 (that is the next renewal's; recomputing and re-asking for it doubled a replica's
-renewals under a flood)."""
+renewals under a flood); and a chat that waits for floor another replica holds is
+hurried through urgent nudges instead of waiting out the renewals' wake gap."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +18,8 @@ import redis.asyncio as aioredis
 from kvpool.adapters.background import BackgroundTasks
 from kvpool.adapters.lease.store import PlanRenewal, RedisLeaseStore, Renewal
 from kvpool.adapters.tokenizer import TokenizerCache
-from kvpool.domain.admission import AdmissionRequest
+from kvpool.domain.admission import AdmissionRequest, Admit
+from kvpool.domain.lease import LeaseClock
 from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.leases import LeaseKeeper
 from kvpool.gateway.metrics import GatewayMetrics
@@ -65,6 +68,7 @@ class CountingStore(RedisLeaseStore):
 class Replica:
     keeper: LeaseKeeper
     store: CountingStore
+    metrics: GatewayMetrics
     registry: PoolRegistry
     tasks: BackgroundTasks
     offered: list[str] = field(default_factory=list)
@@ -80,7 +84,7 @@ class Replica:
 
 
 @pytest.fixture
-async def replicas(server: RedisServer) -> AsyncIterator[Callable[[str], Replica]]:
+async def replicas(server: RedisServer) -> AsyncIterator[Callable[..., Replica]]:
     namespace = f"keeper{next(NAMESPACES)}"
     prefix = RedisLeaseStore(server.url, namespace).prefix
     client = aioredis.Redis.from_url(server.url)
@@ -89,17 +93,17 @@ async def replicas(server: RedisServer) -> AsyncIterator[Callable[[str], Replica
     await client.aclose()
     made: list[Replica] = []
 
-    def make(name: str) -> Replica:
+    def make(name: str, clock: LeaseClock | None = None) -> Replica:
         store = CountingStore(server.url, namespace, timeout=2.0)
         metrics = GatewayMetrics()
-        keeper = LeaseKeeper(store, metrics, member=name)
+        keeper = LeaseKeeper(store, metrics, member=name, clock=clock)
         tasks = BackgroundTasks()
         registry = PoolRegistry(metrics, keeper, TokenizerCache(), tasks)
         index = config()
         keeper.attach(lambda: registry.runtimes, registry.refresh_capacity)
         keeper.configure(index.config)
         registry.sync(index)
-        made.append(Replica(keeper, store, registry, tasks))
+        made.append(Replica(keeper, store, metrics, registry, tasks))
         return made[-1]
 
     yield make
@@ -111,7 +115,7 @@ async def replicas(server: RedisServer) -> AsyncIterator[Callable[[str], Replica
 
 
 async def test_own_demand_moving_during_the_call_does_not_ask_twice(
-    replicas: Callable[[str], Replica],
+    replicas: Callable[..., Replica],
 ) -> None:
     a, b = replicas("a"), replicas("b")
     b.queue("batch", 2)
@@ -132,7 +136,7 @@ async def test_own_demand_moving_during_the_call_does_not_ask_twice(
 
 
 async def test_the_others_reports_that_change_the_wish_are_asked_for_at_once(
-    replicas: Callable[[str], Replica],
+    replicas: Callable[..., Replica],
 ) -> None:
     a, b = replicas("a"), replicas("b")
     a.queue("batch", 6)
@@ -148,3 +152,48 @@ async def test_the_others_reports_that_change_the_wish_are_asked_for_at_once(
     a.store.during = a_flood_arrives_at_b
     await a.keeper.renew()
     assert a.store.calls == 2
+
+
+async def test_a_chat_waiting_for_floor_held_elsewhere_is_hurried_through_urgent_nudges(
+    replicas: Callable[..., Replica], server: RedisServer
+) -> None:
+    # a period so long that only the urgent path can admit within the test: a renewal
+    # woken early waits half a period (30 s) after the last one (the TTLs are the test's
+    # length; the member TTL within the fixture's Redis warm-up of 60 s)
+    clock = LeaseClock(period=60.0, lease_ttl=20.0, member_ttl=30.0, redis_timeout=2.0)
+    a, b = replicas("a", clock), replicas("b", clock)
+    a.queue("interactive", 1)  # the chats' floor is at a, where they arrived
+    for keeper in (a.keeper, b.keeper, a.keeper, b.keeper):
+        await keeper.renew()  # each has just renewed: a wake now waits 30 s, unless urgent
+    nudges: list[str] = []
+    listener = aioredis.Redis.from_url(server.url).pubsub(ignore_subscribe_messages=True)
+    await listener.subscribe(a.store.nudge_channel)
+
+    async def record() -> None:
+        while True:
+            message = await listener.get_message(timeout=1.0)
+            if message is not None:
+                nudges.append(message["data"].decode())
+
+    recorder = asyncio.create_task(record())
+    a.tasks.spawn(a.keeper.run(), "a renews")
+    b.tasks.spawn(b.keeper.run(), "b renews")
+    try:
+        runtime = b.registry.runtimes[POOL]
+        # b, new here, stands by with room for one chat; the second needs a's floor
+        first, second = (
+            AdmissionRequest(request_id=f"b-chat-{i}", tenant="t", tier="interactive", tokens=300)
+            for i in (1, 2)
+        )
+        assert isinstance(await runtime.admit(first), Admit)
+        verdict = await asyncio.wait_for(runtime.admit(second), timeout=10.0)
+        await asyncio.sleep(0.2)  # the last nudges reach the recorder
+    finally:
+        recorder.cancel()
+        await listener.aclose()
+    assert isinstance(verdict, Admit)
+    # b asked (urgent for two more hops), a gave the floor up (urgent for b), then plain
+    assert nudges[:2] == ["b 2", "a 1"], nudges
+    hurried = "kvpool_gateway_lease_hurried_renewals_total"
+    assert b.metrics.registry.get_sample_value(hurried, {"cause": "waiting"}) == 1
+    assert (a.metrics.registry.get_sample_value(hurried, {"cause": "nudge"}) or 0) >= 1

@@ -4,6 +4,8 @@ that come back as they were sent."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -228,3 +230,38 @@ def test_a_replica_of_before_reads_the_tier_figures_of_a_new_report() -> None:
     assert decode_report({"t": encoded["t"], "h": {"batch": [600]}}) == Report(
         {"batch": TierDemand(Amount(900, 3), Amount(900, 3), head_tokens=300)}
     )  # a malformed in-flight figure reads as none, the demand stays
+
+
+async def test_a_nudge_says_how_many_urgent_hops_are_left_and_skips_its_sender(
+    server: RedisServer, stores: list[RedisLeaseStore]
+) -> None:
+    """Table: (sender, hops sent) -> what a listener that is not the sender hears; member
+    ids with spaces or trailing digits arrive whole (only a " <digits>" suffix is hops)."""
+    store = RedisLeaseStore(server.url, f"nudge{next(NAMESPACES)}", timeout=2.0)
+    stores.append(store)
+    heard: list[int] = []
+    listening = asyncio.create_task(store.listen("me", heard.append))
+    sent = [("b", 2), ("b", 1), ("b", 0), ("me", 2), ("pod 7a", 0), ("pod-2", 1)]
+    expected = [2, 1, 0, 0, 1]  # "me" is this listener: not heard
+
+    async def all_heard() -> bool:
+        await asyncio.sleep(0.05)
+        return len(heard) >= len(expected)
+
+    async def subscribed() -> bool:  # a nudge before the subscription is lost
+        await store.nudge("probe", 0)
+        await asyncio.sleep(0.05)
+        return bool(heard)
+
+    try:
+        await wait_until_async(subscribed, timeout=5, what="the subscription")
+        await asyncio.sleep(0.1)
+        heard.clear()
+        for sender, hops in sent:
+            await store.nudge(sender, hops)
+        await wait_until_async(all_heard, timeout=5, what="the nudges")
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
+    assert heard == expected

@@ -2,7 +2,7 @@
 for a request that waits with nothing queued ahead of it in its tier or a higher one.
 Under a flood every arrival queues behind others; waking the keeper for each of them
 made replicas renew twice a period for nothing (the periodic renewal follows a queue
-that stays long)."""
+that stays long). The keeper is told the tier (a ``Preempt`` tier's wait hurries it)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def request(rid: str, tier: str, tokens: int = 100) -> AdmissionRequest:
 
 
 def test_only_the_head_of_a_queue_wakes_the_keeper() -> None:
-    async def scenario() -> list[str]:
+    async def scenario() -> list[tuple[str, str]]:
         builder = (
             CompiledPoolBuilder()
             .capacity(200, 2)
@@ -28,9 +28,9 @@ def test_only_the_head_of_a_queue_wakes_the_keeper() -> None:
             .replicas(1)
         )
         runtime = PoolRuntime(builder.obj(), builder.tiers(), GatewayMetrics())
-        woken: list[str] = []
+        woken: list[tuple[str, str]] = []
         arrivals: list[str] = []
-        runtime.on_queued = lambda: woken.append(arrivals[-1])
+        runtime.on_queued = lambda tier: woken.append((arrivals[-1], tier))
         waiting: list[asyncio.Task[object]] = []
 
         async def offer(rid: str, tier: str) -> None:
@@ -55,4 +55,4 @@ def test_only_the_head_of_a_queue_wakes_the_keeper() -> None:
             await asyncio.gather(*waiting, return_exceptions=True)
             runtime.close()
 
-    assert asyncio.run(scenario()) == ["b1", "i1"]
+    assert asyncio.run(scenario()) == [("b1", "batch"), ("i1", "interactive")]

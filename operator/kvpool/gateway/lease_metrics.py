@@ -48,6 +48,15 @@ class LeaseMetrics:
         self.renewals = Counter(
             p + "renewals_total", "Lease renewals by result (ok, error).", ["result"], registry=r
         )
+        self.hurried = Counter(
+            p + "hurried_renewals_total",
+            "Renewals that skipped the wake gap: a request of a Preempt tier waited here "
+            "(cause waiting) or another replica's urgent nudge asked (cause nudge).",
+            ["cause"],
+            registry=r,
+        )
+        for cause in ("waiting", "nudge"):  # both series exist from the start, at 0
+            self.hurried.labels(cause)
         self.renewal_seconds = Histogram(
             p + "renewal_seconds",
             "Round trip of one renewal (the Redis script).",

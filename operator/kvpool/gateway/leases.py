@@ -24,6 +24,14 @@ goes where the requests are whatever the balancer does. :class:`LeaseKeeper` is 
 - **nudge**: after a renewal in which this replica has requests waiting, or gave capacity
   up, it publishes a nudge; the others renew at once, so capacity moves in a few Redis
   round trips rather than a few periods;
+- **hurry** for a ``Preempt`` tier: a renewal woken early waits half a period after the
+  last one (a flood keeps requests waiting everywhere), except when a request of a
+  ``Preempt`` tier (the latency-sensitive one, whose floor one replica would find at
+  once) waits here: then this replica renews at once and its nudge is *urgent*, so
+  the replica that holds the floor renews at once too and its nudge that it gave the
+  floor up is urgent as well; the chat waits three Redis round trips, not up to two
+  half-periods. Urgency goes two nudges deep (``URGENT_HOPS``) and no renewal comes
+  sooner than ``URGENT_GAP_SECONDS`` after the last;
 - **leave**: a gateway that stops (SIGTERM: a rolling update, a scale-down) deletes its
   claims and membership once its requests have ended, and nudges, so the others take its
   capacity at once instead of when its claims expire.
@@ -79,6 +87,12 @@ log = logging.getLogger("kvpool.gateway")
 # of a period after the last one: under a flood every replica always has requests waiting,
 # and renewing at each of them made four replicas renew ~50 times a second each.
 WAKE_GAP_FRACTION = 0.5
+# ... except for a request of a Preempt tier that waits here (module docstring: hurry);
+# the gap bounds even a flood of waiting chats to 100 renewals a second a replica
+URGENT_GAP_SECONDS = 0.01
+# a hurried renewal's nudge is urgent for the replicas that may give (hop 2), and theirs,
+# that they gave it, for the replica that waits (hop 1); nothing urgent after that
+URGENT_HOPS = 2
 
 
 def default_member_id() -> str:
@@ -114,6 +128,8 @@ class LeaseKeeper:
         self._failing_since: float | None = None
         self._mode = LeaseMode.NONE
         self._wake = asyncio.Event()
+        self._urgency = 0  # the next renewal's urgent nudge hops + 1 (0: not urgent)
+        self._urgent = asyncio.Event()  # _urgency was raised
         self._last_start = float("-inf")
         self._nudged_for: dict[tuple[str, str], dict[str, int]] = {}  # the wish last nudged
         self._set_mode(LeaseMode.NONE, quiet=True)
@@ -128,7 +144,7 @@ class LeaseKeeper:
         """Where the runtimes are and how to re-apply a pool's share (the registry's)."""
         self._runtimes, self._refresh = runtimes, refresh
         for runtime in runtimes().values():
-            runtime.on_queued = self.wake
+            runtime.on_queued = self._queued
 
     def configure(self, config: AdmissionConfig) -> None:
         """A new config: its tenants' ``maxConcurrency`` is leased too."""
@@ -204,9 +220,19 @@ class LeaseKeeper:
         finally:
             await self.store.close()
 
-    def wake(self) -> None:
-        """Renew soon (a request had to wait here, or another replica nudged)."""
+    def wake(self, urgency: int = 0) -> None:
+        """Renew soon (a request had to wait here, or another replica nudged); with
+        ``urgency`` (hops + 1 for the nudge that follows), as soon as the urgent gap allows."""
+        if urgency > self._urgency:
+            self._urgency = urgency
+            self._urgent.set()
         self._wake.set()
+
+    def _queued(self, tier: str) -> None:
+        """A request of ``tier`` waits here with none ahead of it: renew, and hurry if
+        the tier is a ``Preempt`` one (module docstring)."""
+        urgent = any(tier in state.plan.preempt for state in self._plans.values())
+        self.wake(URGENT_HOPS + 1 if urgent else 0)
 
     async def run(self) -> None:
         """Renew until cancelled; listen for the other replicas' nudges meanwhile."""
@@ -216,19 +242,37 @@ class LeaseKeeper:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.clock.period)
                 self._wake.clear()
-                loop = asyncio.get_running_loop()
-                gap = loop.time() - self._last_start
-                least = self.clock.period * WAKE_GAP_FRACTION
-                if gap < least:
-                    await asyncio.sleep(least - gap)
+                await self._keep_gap()
+                urgency, self._urgency = self._urgency, 0
+                self._urgent.clear()
+                if urgency:
+                    cause = "waiting" if urgency > URGENT_HOPS else "nudge"
+                    self.metrics.hurried.labels(cause).inc()
                 try:
-                    await self.renew()
+                    await self.renew(urgency)
                 except Exception:  # one bad renewal must not end the keeper
                     log.exception("lease renewal failed unexpectedly")
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
+
+    async def _keep_gap(self) -> None:
+        """Wait until the wake gap after the last renewal's start has passed: half a
+        period, or ``URGENT_GAP_SECONDS`` once something urgent waits (also when the
+        urgency comes while this waits)."""
+        loop = asyncio.get_running_loop()
+        normal = self.clock.period * WAKE_GAP_FRACTION
+        while True:
+            least = min(normal, URGENT_GAP_SECONDS) if self._urgency else normal
+            rest = self._last_start + least - loop.time()
+            if rest <= 0:
+                return
+            if self._urgency:
+                await asyncio.sleep(rest)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), rest)
 
     async def _listen(self) -> None:
         while True:
@@ -237,9 +281,10 @@ class LeaseKeeper:
             except LeaseStoreError:
                 await asyncio.sleep(max(self.clock.period, 0.5))
 
-    async def renew(self) -> None:
+    async def renew(self, urgency: int = 0) -> None:
         """One renewal of every plan (and one more at once if the answer moved what is
-        desired); applies the result or the fallback."""
+        desired); applies the result or the fallback. ``urgency``: this renewal's nudge
+        is urgent for ``urgency - 1`` more hops (module docstring: hurry)."""
         loop = asyncio.get_running_loop()
         self._last_start = loop.time()
         plans = [p for p in self._plans.values() if p.pool in self._runtimes()]
@@ -262,16 +307,23 @@ class LeaseKeeper:
                 gave_up_again, _, _ = await self._call(again, loop)
                 gave_up |= gave_up_again
         self._apply(loop.time())
-        if self._mode is LeaseMode.LEASED and (gave_up or self._new_unmet_wish(plans, asked)):
+        hops = max(0, urgency - 1)
+        if self._mode is LeaseMode.LEASED and (
+            gave_up or self._new_unmet_wish(plans, asked, again=hops > 0)
+        ):
             with contextlib.suppress(LeaseStoreError):
-                await self.store.nudge(self.member)
+                await self.store.nudge(self.member, hops)
 
     def _new_unmet_wish(
-        self, plans: list[LeasedPlan], asked: dict[tuple[str, str], dict[str, int]]
+        self,
+        plans: list[LeasedPlan],
+        asked: dict[tuple[str, str], dict[str, int]],
+        *,
+        again: bool = False,
     ) -> bool:
         """Whether requests wait here for capacity another replica holds, with a wish the
         others have not been nudged about yet (a flood that stays at its fair share
-        nudges once, not at every renewal)."""
+        nudges once, not at every renewal); ``again``: nudged about or not (urgent)."""
         unmet: dict[tuple[str, str], dict[str, int]] = {}
         for key, wish in asked.items():
             state = self._plans.get(key)
@@ -283,7 +335,7 @@ class LeaseKeeper:
         if not unmet or not self._waiting(plans):
             self._nudged_for = {}
             return False
-        if unmet == self._nudged_for:
+        if unmet == self._nudged_for and not again:
             return False
         self._nudged_for = unmet
         return True
@@ -442,7 +494,7 @@ class LeaseKeeper:
             runtime = runtimes.get(state.pool)
             if runtime is None:
                 continue
-            runtime.on_queued = self.wake
+            runtime.on_queued = self._queued
             effective = self._effective(state)
             runtime.set_tenant_limits(state.track, self._tenant_shares(state))
             self.metrics.export_lease(state.pool, state.track, state.plan.tiers, effective)

@@ -59,7 +59,8 @@ class PoolRuntime:
         self.pool = pool
         self.controllers: dict[str, AdmissionController] = {}
         self._reserved: dict[str, str] = {}  # reservation id -> track
-        self.on_queued: Callable[[], None] | None = None  # a request waits, none ahead of it
+        # a request of the tier given waits, none ahead of it (the lease keeper renews)
+        self.on_queued: Callable[[str], None] | None = None
         self._build_controllers(pool, tiers, whole)
         self.metrics = metrics
         self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
@@ -128,7 +129,7 @@ class PoolRuntime:
         if self.on_queued is not None and verdict.ahead_tokens <= 0:
             # only the head of a queue asks for an early renewal: behind it, a queue that
             # stays long (a flood) has asked already, and the periodic renewal follows it
-            self.on_queued()
+            self.on_queued(request.tier)
         future: asyncio.Future[Admit | Reject] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._schedule_expiry()

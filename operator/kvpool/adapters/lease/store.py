@@ -225,17 +225,20 @@ class RedisLeaseStore:
         """The pub/sub channel on which replicas ask each other to renew now."""
         return f"{self.prefix}:nudge"
 
-    async def nudge(self, member: str) -> None:
+    async def nudge(self, member: str, urgent_hops: int = 0) -> None:
         """Ask the other replicas to renew now (someone waits, or capacity was given up);
-        best effort: a lost nudge only means the next periodic renewal."""
+        best effort: a lost nudge only means the next periodic renewal. ``urgent_hops``:
+        how many more rounds of nudges may skip the renewals' wake gap (a request of a
+        ``Preempt`` tier waits; see :class:`~kvpool.gateway.leases.LeaseKeeper`)."""
+        message = f"{member} {urgent_hops}" if urgent_hops > 0 else member
         try:
-            await asyncio.wait_for(self._redis.publish(self.nudge_channel, member), self.timeout)
+            await asyncio.wait_for(self._redis.publish(self.nudge_channel, message), self.timeout)
         except (aioredis.RedisError, OSError, TimeoutError) as exc:
             raise LeaseStoreError(f"{type(exc).__name__}: {exc}") from exc
 
-    async def listen(self, member: str, on_nudge: Callable[[], None]) -> None:
-        """Call ``on_nudge`` for every other replica's nudge until cancelled; raises
-        :class:`LeaseStoreError` when the subscription breaks (the caller retries)."""
+    async def listen(self, member: str, on_nudge: Callable[[int], None]) -> None:
+        """Call ``on_nudge(urgent_hops)`` for every other replica's nudge until cancelled;
+        raises :class:`LeaseStoreError` when the subscription breaks (the caller retries)."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self.nudge_channel)
@@ -243,11 +246,15 @@ class RedisLeaseStore:
                 message = await pubsub.get_message(timeout=1.0)
                 if message is None:
                     continue
-                sender = message.get("data")
-                if isinstance(sender, bytes):
-                    sender = sender.decode("utf-8", "replace")
+                data = message.get("data")
+                if isinstance(data, bytes):
+                    data = data.decode("utf-8", "replace")
+                sender, hops = str(data), 0
+                head, _, tail = sender.rpartition(" ")
+                if head and tail.isdigit():  # "<member> <urgent hops>"
+                    sender, hops = head, int(tail)
                 if sender != member:
-                    on_nudge()
+                    on_nudge(hops)
         except (aioredis.RedisError, OSError) as exc:
             raise LeaseStoreError(f"{type(exc).__name__}: {exc}") from exc
         finally:
