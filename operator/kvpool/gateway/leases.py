@@ -308,8 +308,12 @@ class LeaseKeeper:
                 gave_up |= gave_up_again
         self._apply(loop.time())
         hops = max(0, urgency - 1)
+        # the replica where a chat waits nudges even about a wish it nudged about before
+        # (a holder may be sleeping out its gap on that plain nudge); the others only when
+        # they gave something up or wish anew, so a flood of chats everywhere does not
+        # make every urgent renewal wake every replica again
         if self._mode is LeaseMode.LEASED and (
-            gave_up or self._new_unmet_wish(plans, asked, again=hops > 0)
+            gave_up or self._new_unmet_wish(plans, asked, again=hops >= URGENT_HOPS)
         ):
             with contextlib.suppress(LeaseStoreError):
                 await self.store.nudge(self.member, hops)
