@@ -8,6 +8,7 @@ hurried through urgent nudges instead of waiting out the renewals' wake gap."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.registry import PoolRegistry
 from tests.builders import AdmissionConfigBuilder
 from tests.support.redis_server import RedisFactory, RedisServer
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.redis
 
@@ -165,9 +167,66 @@ async def test_a_chat_waiting_for_floor_held_elsewhere_is_hurried_through_urgent
     a.queue("interactive", 1)  # the chats' floor is at a, where they arrived
     for keeper in (a.keeper, b.keeper, a.keeper, b.keeper):
         await keeper.renew()  # each has just renewed: a wake now waits 30 s, unless urgent
+    a.tasks.spawn(a.keeper.run(), "a renews")
+    b.tasks.spawn(b.keeper.run(), "b renews")
+    async with recorded_nudges(server, a.store.nudge_channel) as nudges:
+        runtime = b.registry.runtimes[POOL]
+        # b, new here, stands by with room for one chat; the second needs a's floor
+        first, second = (chat(f"b-chat-{i}") for i in (1, 2))
+        assert isinstance(await runtime.admit(first), Admit)
+        verdict = await asyncio.wait_for(runtime.admit(second), timeout=10.0)
+        await asyncio.sleep(0.2)  # the last nudges reach the recorder
+    assert isinstance(verdict, Admit)
+    # b asked (urgent for two more hops), a gave the floor up (urgent for b), then plain
+    assert nudges[:2] == ["b 2", "a 1"], nudges
+    hurried = "kvpool_gateway_lease_hurried_renewals_total"
+    assert b.metrics.registry.get_sample_value(hurried, {"cause": "waiting"}) == 1
+    assert (a.metrics.registry.get_sample_value(hurried, {"cause": "nudge"}) or 0) >= 1
+
+
+async def test_a_nudge_claiming_more_urgent_hops_than_a_chat_sends_is_cut_to_them(
+    replicas: Callable[..., Replica], server: RedisServer
+) -> None:
+    clock = LeaseClock(period=60.0, lease_ttl=20.0, member_ttl=30.0, redis_timeout=2.0)
+    a, b = replicas("a", clock), replicas("b", clock)
+    a.queue("interactive", 1)
+    for keeper in (a.keeper, b.keeper, a.keeper, b.keeper):
+        await keeper.renew()
+    runtime = b.registry.runtimes[POOL]
+    assert isinstance(await runtime.admit(chat("b-chat-1")), Admit)  # on b's standby
+    waiting = asyncio.create_task(runtime.admit(chat("b-chat-2")))  # needs a's floor
+    await b.keeper.renew()  # b reports it, not hurried (b's keeper does not run)
+    a.tasks.spawn(a.keeper.run(), "a renews")
+    async with recorded_nudges(server, a.store.nudge_channel) as nudges:
+        forger = aioredis.Redis.from_url(server.url)
+        await forger.publish(a.store.nudge_channel, "x 9")  # far past URGENT_HOPS
+        await forger.aclose()
+
+        def from_a() -> list[str]:
+            return [n for n in nudges if n.split(" ")[0] == "a"]
+
+        async def a_gave_the_floor_up() -> bool:
+            await asyncio.sleep(0.05)
+            return bool(from_a())
+
+        await wait_until_async(a_gave_the_floor_up, timeout=10, what="a's nudge")
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    # a renewed at once (hurried by the nudge), and passed on one hop, not eight
+    assert from_a()[0] == "a 1", nudges
+
+
+def chat(request_id: str) -> AdmissionRequest:
+    return AdmissionRequest(request_id=request_id, tenant="t", tier="interactive", tokens=300)
+
+
+@contextlib.asynccontextmanager
+async def recorded_nudges(server: RedisServer, channel: str) -> AsyncIterator[list[str]]:
+    """Every nudge published on ``channel`` while the block runs, in order."""
+    client = aioredis.Redis.from_url(server.url)
+    listener = client.pubsub(ignore_subscribe_messages=True)
+    await listener.subscribe(channel)
     nudges: list[str] = []
-    listener = aioredis.Redis.from_url(server.url).pubsub(ignore_subscribe_messages=True)
-    await listener.subscribe(a.store.nudge_channel)
 
     async def record() -> None:
         while True:
@@ -176,24 +235,10 @@ async def test_a_chat_waiting_for_floor_held_elsewhere_is_hurried_through_urgent
                 nudges.append(message["data"].decode())
 
     recorder = asyncio.create_task(record())
-    a.tasks.spawn(a.keeper.run(), "a renews")
-    b.tasks.spawn(b.keeper.run(), "b renews")
     try:
-        runtime = b.registry.runtimes[POOL]
-        # b, new here, stands by with room for one chat; the second needs a's floor
-        first, second = (
-            AdmissionRequest(request_id=f"b-chat-{i}", tenant="t", tier="interactive", tokens=300)
-            for i in (1, 2)
-        )
-        assert isinstance(await runtime.admit(first), Admit)
-        verdict = await asyncio.wait_for(runtime.admit(second), timeout=10.0)
-        await asyncio.sleep(0.2)  # the last nudges reach the recorder
+        yield nudges
     finally:
         recorder.cancel()
+        await asyncio.gather(recorder, return_exceptions=True)
         await listener.aclose()
-    assert isinstance(verdict, Admit)
-    # b asked (urgent for two more hops), a gave the floor up (urgent for b), then plain
-    assert nudges[:2] == ["b 2", "a 1"], nudges
-    hurried = "kvpool_gateway_lease_hurried_renewals_total"
-    assert b.metrics.registry.get_sample_value(hurried, {"cause": "waiting"}) == 1
-    assert (a.metrics.registry.get_sample_value(hurried, {"cause": "nudge"}) or 0) >= 1
+        await client.aclose()

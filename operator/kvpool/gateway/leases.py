@@ -228,6 +228,12 @@ class LeaseKeeper:
             self._urgent.set()
         self._wake.set()
 
+    def _nudged(self, hops: int) -> None:
+        """Another replica nudged, urgent for ``hops`` more hops: never more than a
+        waiting chat's own nudge says, whatever the channel carries (a longer chain would
+        keep every replica renewing at the urgent gap)."""
+        self.wake(min(hops, URGENT_HOPS))
+
     def _queued(self, tier: str) -> None:
         """A request of ``tier`` waits here with none ahead of it: renew, and hurry if
         the tier is a ``Preempt`` one (module docstring)."""
@@ -277,7 +283,7 @@ class LeaseKeeper:
     async def _listen(self) -> None:
         while True:
             try:
-                await self.store.listen(self.member, self.wake)
+                await self.store.listen(self.member, self._nudged)
             except LeaseStoreError:
                 await asyncio.sleep(max(self.clock.period, 0.5))
 
