@@ -12,6 +12,9 @@ makes from manifests (bench/bench_manifests.py, never a hand-written config):
 - ``two-90-10``          two replicas: every request to r0 with 90 % probability;
 - ``four-skewed``        four: chat to r3, batch to r0 and r1, eval to r2;
 - ``four-70-10``         four: 70 / 10 / 10 / 10 of every tenant's requests;
+- ``four-all-at-one``    four, every request to r0: admission as ``one`` (the others hold
+                         nothing), so what it adds is the three other processes on the
+                         shared core (their renewals, the bench's scrapes): a control;
 - ``two-skewed-static``  two-skewed with the old chart's ``--plan-share 50`` (what leases
                          replace).
 
@@ -128,6 +131,7 @@ SCENARIOS = {
         Scenario("two-90-10", 2, weighted((0.9, 0.1))),
         Scenario("four-skewed", 4, by_tier({"interactive": (3,), "batch": (0, 1), "eval": (2,)})),
         Scenario("four-70-10", 4, weighted((0.7, 0.1, 0.1, 0.1))),
+        Scenario("four-all-at-one", 4, lambda _t, _r: 0),
         Scenario(
             "two-skewed-static",
             2,
@@ -179,6 +183,8 @@ class Tally:
     replica_seconds: float = 0.0  # replicas x seconds (for the per-replica rates)
     redis_commands: float = 0.0
     renewal_buckets: dict[str, float] = field(default_factory=dict)
+    # per replica: its event loop's lag timer (every 50 ms), cumulative counts by ``le``
+    loop_lag_buckets: dict[int, dict[str, float]] = field(default_factory=dict)
     gateway_cpu_seconds: float = 0.0  # user + system CPU of the replicas, summed
     # where chats wait, by the replica they reached: their TTFTs, and the deltas of that
     # replica's interactive admission-wait histogram (cumulative counts by le, _sum, _count)
@@ -626,13 +632,23 @@ async def run_round(
     if round_p95 is not None:
         tally.round_p95_ms.append(round_p95)
     add_renewals(tally, gw_before, gw_after)
-    for index, (b_text, a_text) in enumerate(zip(gw_settled, gw_after, strict=True)):
+    add_settled(tally, gw_settled, gw_after)
+
+
+def add_settled(tally: Tally, settled: list[str], after: list[str]) -> None:
+    """Each replica's chat admission waits and event-loop lag of a round, after its
+    settling seconds, from its /metrics then (``settled``) and at the round's end."""
+    for index, (b_text, a_text) in enumerate(zip(settled, after, strict=True)):
         wait_b, sum_b = chat_wait(b_text)
         wait_a, sum_a = chat_wait(a_text)
         into = tally.chat_wait_buckets.setdefault(index, {})
         for le, value in wait_a.items():
             into[le] = into.get(le, 0) + value - wait_b.get(le, 0)
         tally.chat_wait_sum[index] = tally.chat_wait_sum.get(index, 0) + sum_a - sum_b
+        lag_b, lag_a = histogram_buckets(b_text, LOOP_LAG), histogram_buckets(a_text, LOOP_LAG)
+        lags = tally.loop_lag_buckets.setdefault(index, {})
+        for le, value in lag_a.items():
+            lags[le] = lags.get(le, 0) + value - lag_b.get(le, 0)
 
 
 def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
@@ -649,6 +665,19 @@ def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
 
 
 CHAT_WAIT = "kvpool_gateway_queue_seconds"
+LOOP_LAG = "kvpool_gateway_event_loop_lag_seconds"
+
+
+def loop_lag_by_replica(tally: Tally) -> dict[str, dict[str, float | None]]:
+    """Per replica, the shares of its event loop's 50 ms timers that ran more than 5, 10
+    and 25 ms late (after a round's settling seconds): how often anything held the loop
+    that relays every request (renewals, the allocation, scrapes, a busy shared core)."""
+    return {
+        f"r{index}": {
+            f"late_over_{bound}ms": _share_over(buckets, str(bound / 1000)) for bound in (5, 10, 25)
+        }
+        for index, buckets in sorted(tally.loop_lag_buckets.items())
+    }
 
 
 async def gateway_texts_after(
@@ -784,6 +813,7 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "renewal_p50_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.5))),
         "renewal_p99_ms": _r(_ms(bucket_quantile(tally.renewal_buckets, 0.99))),
         "chats_by_replica": where_chats_wait(tally),
+        "loop_lag_by_replica": loop_lag_by_replica(tally),
         "chat_waits_by_access_log": {
             "chats": tally.logged_chats,
             "waited_over_25ms": tally.logged_waits,
@@ -1007,6 +1037,13 @@ def print_table(result: dict[str, Any]) -> None:
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
         print(f"  {name:19} {row['chats_by_replica']}")
+    print("event-loop timers late by more than 5 / 10 / 25 ms, % (by replica):")
+    for name, row in result["scenarios"].items():
+        lags = " ".join(
+            f"{replica} " + "/".join(f"{100 * (v or 0):.1f}" for v in shares.values())
+            for replica, shares in row["loop_lag_by_replica"].items()
+        )
+        print(f"  {name:19} {lags}")
     print(
         "chats that waited over 25 ms for admission, every chat of a round (access logs),"
         " and of each replica's first chat of a round:"
