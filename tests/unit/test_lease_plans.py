@@ -1,8 +1,13 @@
 """A replica's report for a leased plan: what it says arrives here, and for how long a
-replica that has just joined presumes a tier that arrives elsewhere arrives here too
+replica that has just joined presumes a tier that arrives elsewhere arrives here too;
+and the desired lease it keeps for unchanged inputs, never a stale one
 (``gateway/lease_plans.py``; the allocation it feeds is tests/unit/test_lease.py)."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -79,3 +84,73 @@ def test_the_presumption_gives_the_new_replica_a_standby_before_its_first_chat()
     assert leases["a"].standby["interactive"] == A(230, 1)  # one chat, booked on b's floor
     later = plan.report(idle_snapshot(), {}, now=JOIN_PRESUMPTION_SECONDS)
     assert "interactive" not in plan_leases(plan.plan, {**plan.table, "a": later})["a"].standby
+
+
+QUEUING = Report(
+    {"batch": TierDemand(now=A(1200, 4), peak=A(1200, 4), held=A(400, 2), head_tokens=400)}
+)
+
+
+def test_the_desired_lease_is_kept_while_its_inputs_stay_the_same() -> None:
+    plan = joined({"b": CHATTING, "c": QUEUING})
+    first = plan.desired("a", BATCHING)
+    assert first == plan_leases(plan.plan, {**plan.table, "a": BATCHING})["a"]
+    # the same inputs (an equal report, an equal table in a new dict): the same lease
+    assert plan.desired("a", replace(BATCHING)) is first
+    plan.table = dict(plan.table)
+    assert plan.desired("a", BATCHING) is first
+
+
+def _other_reports(plan: LeasedPlan) -> None:
+    plan.table = {"b": QUEUING, "c": CHATTING}
+
+
+def _table_changed_in_place(plan: LeasedPlan) -> None:
+    plan.table["b"] = QUEUING
+
+
+def _tenant_held(plan: LeasedPlan) -> None:
+    plan.lease = replace(plan.lease, tenants={"bulk": 1})
+
+
+def _another_plan(plan: LeasedPlan) -> None:
+    plan.plan = replace(plan.plan, shared=A(0, 0))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(_other_reports, id="the-others-report-anew"),
+        pytest.param(_table_changed_in_place, id="the-table-changed-in-place"),
+        pytest.param(_tenant_held, id="a-tenant-held-here"),
+        pytest.param(_another_plan, id="a-reload-changed-the-plan"),
+    ],
+)
+def test_the_desired_lease_is_computed_again_when_an_input_changes(
+    change: Callable[[LeasedPlan], None],
+) -> None:
+    plan = joined({"b": CHATTING, "c": QUEUING})
+    plan.plan = replace(plan.plan, tenants={"bulk": 2})
+    kept = plan.desired("a", BATCHING)
+    change(plan)
+    again = plan.desired("a", BATCHING)
+    assert again == plan_leases(plan.in_play(BATCHING), {**plan.table, "a": BATCHING})["a"]
+    assert again is not kept
+
+
+def test_the_kept_lease_is_always_the_one_the_allocation_computes() -> None:
+    """Random reports, tables and repeats (seeded): every answer equals the allocation's
+    own, whether it came from the kept one or not, and some came from it."""
+    rng = random.Random(5)
+    reports = [CHATTING, BATCHING, QUEUING, Report()]
+    plan = joined({"b": CHATTING})
+    kept = 0
+    for _ in range(300):
+        if rng.random() < 0.3:
+            plan.table = {m: rng.choice(reports) for m in rng.sample(["b", "c", "d"], 2)}
+        report = rng.choice(reports)
+        before = plan._last
+        lease = plan.desired("a", report)
+        kept += before is not None and plan._last is before
+        assert lease == plan_leases(plan.in_play(report), {**plan.table, "a": report})["a"]
+    assert 20 < kept < 280  # both paths taken
