@@ -99,7 +99,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "scaleout.json"
 ENGINE_CORE, CLIENT_CORE = 0, 1
 TIERS = ("interactive", "batch", "eval")
 WORDS = ["the", "model", "token", "cache", "tier", "floor", "engine", "batch", "queue", "lease"]
-LEASE_ARGS = ("--lease-period", "0.1", "--lease-ttl", "3")  # access log on: chat_times
+LEASE_PERIOD = 0.1  # the gateway's default (--lease-period)
+LEASE_TTL = 3.0
 
 
 # --- scenarios: how many replicas, and where each request goes ----------------------------
@@ -439,9 +440,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_gateway(
-    plan: BenchPlan, redis: RedisServer, workdir: Path, name: str, share: int | None
+    plan: BenchPlan,
+    redis: RedisServer,
+    workdir: Path,
+    name: str,
+    share: int | None,
+    lease_period: float = LEASE_PERIOD,
 ) -> GatewayProcess:
-    extra = LEASE_ARGS + (("--plan-share", str(share)) if share is not None else ())
+    # the access log is on (chat_times reads it)
+    extra = ("--lease-period", str(lease_period), "--lease-ttl", str(LEASE_TTL))
+    extra += ("--plan-share", str(share)) if share is not None else ()
     gateway = GatewayProcess(
         plan.config_path, workdir / f"gateway-{name}.log", redis_url=redis.url, extra_args=extra
     )
@@ -562,7 +570,13 @@ async def run_round(
     gateways = await asyncio.gather(
         *(
             asyncio.to_thread(
-                start_gateway, plan, redis, workdir, f"{scenario.name}-{i}", scenario.static_share
+                start_gateway,
+                plan,
+                redis,
+                workdir,
+                f"{scenario.name}-{i}",
+                scenario.static_share,
+                args.lease_period,
             )
             for i in range(scenario.replicas)
         )
@@ -1118,6 +1132,13 @@ def main() -> int:
         "--warmup", type=float, default=10.0, help="seconds of unmeasured load first (0: none)"
     )
     parser.add_argument(
+        "--lease-period",
+        type=float,
+        default=LEASE_PERIOD,
+        metavar="SECONDS",
+        help=f"the gateways' --lease-period (default {LEASE_PERIOD}, the gateway's default)",
+    )
+    parser.add_argument(
         "--engine-scale",
         type=int,
         default=1,
@@ -1126,6 +1147,8 @@ def main() -> int:
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if not 0.02 <= args.lease_period <= 1:
+        parser.error(f"--lease-period {args.lease_period}: give seconds from 0.02 to 1")
     if not 1 <= args.engine_scale <= 8:
         parser.error(f"--engine-scale {args.engine_scale}: give a whole number from 1 to 8")
     args.chat_rate *= args.engine_scale
