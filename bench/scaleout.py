@@ -28,8 +28,10 @@ more than the plan": the largest sum of the replicas' in-use slots (scraped ever
 ``--sample-interval``)
 and the largest running + waiting count on the engine (``one`` shows what a single
 replica does; a ``Preempt`` floor may put more than the plan on the engine by design).
-The lease cost: renewals per second per replica, the renewal round trip p50 / p99, and
-Redis commands per second per replica.
+The lease cost: renewals per second per replica, the renewal round trip p50 / p99,
+Redis commands per second per replica, and each replica's event-loop lag (the share of
+its 50 ms timers late by over 5 / 10 / 25 ms: what a busy shared core or work on the
+loop does to every request it relays).
 
 Then a faults run (two replicas, skewed; no ratio): r0 SIGKILLed at a third (its clients
 move to r1, as a Service does when the endpoint goes), r2 started at two thirds (a third
