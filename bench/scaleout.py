@@ -657,14 +657,22 @@ def add_settled(tally: Tally, settled: list[str], after: list[str]) -> None:
     for index, (b_text, a_text) in enumerate(zip(settled, after, strict=True)):
         wait_b, sum_b = chat_wait(b_text)
         wait_a, sum_a = chat_wait(a_text)
-        into = tally.chat_wait_buckets.setdefault(index, {})
-        for le, value in wait_a.items():
-            into[le] = into.get(le, 0) + value - wait_b.get(le, 0)
+        add_bucket_deltas(tally.chat_wait_buckets.setdefault(index, {}), wait_b, wait_a)
         tally.chat_wait_sum[index] = tally.chat_wait_sum.get(index, 0) + sum_a - sum_b
-        lag_b, lag_a = histogram_buckets(b_text, LOOP_LAG), histogram_buckets(a_text, LOOP_LAG)
-        lags = tally.loop_lag_buckets.setdefault(index, {})
-        for le, value in lag_a.items():
-            lags[le] = lags.get(le, 0) + value - lag_b.get(le, 0)
+        add_bucket_deltas(
+            tally.loop_lag_buckets.setdefault(index, {}),
+            histogram_buckets(b_text, LOOP_LAG),
+            histogram_buckets(a_text, LOOP_LAG),
+        )
+
+
+def add_bucket_deltas(
+    into: dict[str, float], before: dict[str, float], after: dict[str, float]
+) -> None:
+    """Add what a histogram's cumulative counts by ``le`` grew by, ``before`` to
+    ``after``, to ``into``."""
+    for le, value in after.items():
+        into[le] = into.get(le, 0) + value - before.get(le, 0)
 
 
 def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
@@ -675,9 +683,11 @@ def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
         tally.renewals += a.get("kvpool_gateway_lease_renewals_total", 0) - b.get(
             "kvpool_gateway_lease_renewals_total", 0
         )
-        hb = histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds")
-        for le, value in histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds").items():
-            tally.renewal_buckets[le] = tally.renewal_buckets.get(le, 0) + value - hb.get(le, 0)
+        add_bucket_deltas(
+            tally.renewal_buckets,
+            histogram_buckets(b_text, "kvpool_gateway_lease_renewal_seconds"),
+            histogram_buckets(a_text, "kvpool_gateway_lease_renewal_seconds"),
+        )
 
 
 CHAT_WAIT = "kvpool_gateway_queue_seconds"
