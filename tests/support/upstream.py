@@ -74,6 +74,13 @@ class FakeUpstream:
         try:
             if self.hold is not None:
                 await self.hold.wait()
+            if call.gate is not None and answer.status < 500:  # as the real one: before any
+                # byte of an answer goes to the client (an engine that failed sent none)
+                await call.gate()
+        except GatewayError as refused:
+            return UpstreamResult(
+                refused.status, refused.code, meter.usage(), None, refused.response()
+            )
         except asyncio.CancelledError:
             meter.client_gone = True
             raise

@@ -298,6 +298,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "when it ends (0: at the stream's end; default 0)",
     )
     parser.add_argument(
+        "--no-budget-overlap",
+        action="store_true",
+        help="every request waits for its budget verdict before it goes to its engine "
+        "(default: a tenant well within its budget has its request sent while the charge "
+        "is on its way, and its answer held until the verdict)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         type=str.upper,

@@ -160,6 +160,7 @@ async def serve(args: argparse.Namespace) -> int:
         engine_poll_seconds=args.engine_poll_seconds,
         borrow_pause_usage=args.borrow_pause_usage,
         handover_tokens=args.handover_tokens,
+        budget_overlap=not args.no_budget_overlap,
     )
     capacity = build_capacity(args, metrics, config.namespace)
     gateway = Gateway(

@@ -27,6 +27,12 @@ Series (all prefixed ``kvpool_gateway_``):
   ``tokenizerPath``, or nothing readable there) and prompts are counted by the byte estimate;
 - ``redis_errors_total{op}``: budget store calls that failed or timed out;
 - ``budget_fallback_total{tier,result}``: budget verdicts made while Redis was down;
+- ``budget_overlap_total{result}``: requests of tenants with budgets by how their charge
+  met their engine request: ``overlap`` (sent ahead of the verdict, which allowed it),
+  ``refused`` (sent ahead, then refused or demoted by the verdict: the engine request was
+  aborted), or why it waited for the verdict first (``no-view``, ``stale``,
+  ``near-limit``; ``waited``: not a stream, or admitted again after a demotion; ``off``:
+  ``--no-budget-overlap``);
 - ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
 - ``requests_total{route,code}``, ``in_flight`` gauge, ``preempt_admissions_total{pool}``;
 - ``config_reloads_total{result}`` and ``config_info{namespace,generated_at}``;
@@ -194,6 +200,13 @@ class GatewayMetrics:
             p + "budget_fallback",
             "Budget verdicts made while Redis was unavailable, by tier and result.",
             ["tier", "result"],
+            registry=r,
+        )
+        self.budget_overlap = Counter(
+            p + "budget_overlap",
+            "Budget charges by how they met their engine request (overlap, refused, or why "
+            "the request waited for its verdict).",
+            ["result"],
             registry=r,
         )
         self.upstream_errors = Counter(

@@ -43,6 +43,7 @@ authentication to admission, so a reload in between changes nothing for it.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import json
@@ -56,7 +57,7 @@ from functools import partial
 from typing import Any
 
 from kvpool.adapters.background import BackgroundTasks
-from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, budget_subject
+from kvpool.adapters.budget import BudgetStore, BudgetUnavailable, StoreVerdict, budget_subject
 from kvpool.api.admission_config import (
     CompiledPool,
     CompiledTenant,
@@ -85,6 +86,7 @@ from kvpool.domain.estimate import (
 )
 from kvpool.domain.routing import NoTrack, decide_track
 from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.budget_overlap import BudgetOverlap
 from kvpool.gateway.capacity import CapacityShare
 from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.errors import AUTHENTICATION, NOT_FOUND, OVERLOADED, GatewayError
@@ -113,6 +115,21 @@ UNAUTHORIZED = GatewayError(401, "invalid_api_key", "invalid or missing API key"
 
 
 @dataclass
+class PendingCharge:
+    """A budget charge still on its way while its request went ahead to the engine."""
+
+    task: asyncio.Task[StoreVerdict]
+    subject: str
+    tokens: int  # what it charges (the bound)
+    policy: CompiledTierPolicy  # for a demotion
+
+
+REDO_DEMOTED = "budget_demoted"
+"""The code of the answer a request sent ahead gets when its verdict demotes it: the
+handler admits it again, in its lower tier, and nothing reaches the client before that."""
+
+
+@dataclass
 class Admission:
     """Everything :meth:`RequestPipeline.finish` needs about an admitted request."""
 
@@ -129,6 +146,7 @@ class Admission:
     bounded_bytes: int = 0  # its one prompt's UTF-8 bytes when sized by the bound
     on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
     released: bool = False  # its reservation was given back (release() is idempotent)
+    pending: PendingCharge | None = None  # sent ahead of its budget verdict, until confirmed
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -149,8 +167,12 @@ class RequestPipeline:
         *,
         access_log: bool = True,
         wall_clock: Callable[[], float] = time.time,
+        overlap: BudgetOverlap | None = None,
     ) -> None:
+        """``overlap``: send requests to their engine ahead of their budget verdict where
+        its view allows (None: every request waits for its verdict)."""
         self.store = store
+        self.overlap = overlap
         self.metrics = metrics
         self.body = body
         self.registry = registry
@@ -215,14 +237,42 @@ class RequestPipeline:
         """Charge the budget: (charge, tier to use, demoted) or an error."""
         if not tenant.limits:
             return None, tier, False
+        subject = budget_subject(index.config.namespace, tenant.tenant)
+        verdict = await self._reserve(subject, tenant, tier, tokens, self.wall_clock())
+        return self._judge(verdict, tenant, policy, pool, tier, tokens)
+
+    async def _reserve(
+        self,
+        subject: str,
+        tenant: CompiledTenant,
+        tier: CompiledTier,
+        tokens: int,
+        now: float,
+    ) -> StoreVerdict:
+        """The store's verdict on charging ``tokens``, which also updates the view."""
         verdict = await self.store.reserve(
-            budget_subject(index.config.namespace, tenant.tenant),
+            subject,
             tenant.limits,
             tokens,
-            self.wall_clock(),
+            now,
             tier=tier.name,
             when_unavailable=tier.budget_unavailable,
         )
+        if self.overlap is not None and not isinstance(verdict, BudgetUnavailable):
+            self.overlap.seen(subject, tokens, verdict, now)
+        return verdict
+
+    def _judge(
+        self,
+        verdict: StoreVerdict,
+        tenant: CompiledTenant,
+        policy: CompiledTierPolicy,
+        pool: CompiledPool,
+        tier: CompiledTier,
+        tokens: int,
+    ) -> tuple[BudgetCharge | None, CompiledTier, bool]:
+        """What a verdict means for the request: (charge, tier to use, demoted) or an
+        error (429 over budget, 503 budget unavailable on a tier that fails closed)."""
         if isinstance(verdict, BudgetAllow):
             for usage in verdict.usage:
                 window = format_window(usage.window.window_seconds)
@@ -251,10 +301,17 @@ class RequestPipeline:
         raw: bytes,
         path: str,
         host: str | None,
+        *,
+        ahead: bool = True,
     ) -> tuple[Admission, ParsedRequest]:
         """Steps 2-6 for an authenticated ``tenant``: an admitted request (reservation and
         budget charged) or a GatewayError. Its durations count from now (the body is in:
-        a client slow to upload is not the engine's time to first token)."""
+        a client slow to upload is not the engine's time to first token).
+
+        With ``ahead`` (and the pipeline's ``overlap``), a request whose tenant's view
+        leaves room is admitted while its budget charge is on its way: it carries the
+        charge as ``pending``, and :meth:`confirm_budget` must pass before any byte of
+        its answer goes to the client."""
         started = request_clock()
         parsed = await self.body.parse(kind, raw)  # off the event loop, bounded
         pool = index.pools.get(parsed.model)
@@ -286,9 +343,15 @@ class RequestPipeline:
         except GatewayError:
             self.metrics.decisions.labels(pool.name, tier.name, "rejected-estimate").inc()
             raise
-        charge, tier, demoted = await self._charge(
-            index, tenant, policy, pool, tier, estimate.charge_tokens
+        pending = self._send_ahead(
+            index, tenant, policy, tier, estimate.charge_tokens, ahead and parsed.stream
         )
+        if pending is None:
+            charge, tier, demoted = await self._charge(
+                index, tenant, policy, pool, tier, estimate.charge_tokens
+            )
+        else:
+            charge, demoted = None, False
         try:
             track = decide_track(pool, tier.name, random.random())
             if isinstance(track, NoTrack):
@@ -319,8 +382,7 @@ class RequestPipeline:
                     verdict.reason, verdict.message, retry_after=verdict.retry_after_seconds
                 )
         except BaseException:
-            if charge is not None:
-                await self._settle(charge, 0)
+            await self._uncharge(charge, pending)
             raise
         admission = Admission(
             request_id=request_id,
@@ -340,8 +402,107 @@ class RequestPipeline:
                 if tier.ttft_p95_target_seconds
                 else None
             ),
+            pending=pending,
         )
         return admission, parsed
+
+    # -- the budget verdict overlapping the engine's prefill ----------------------------
+
+    def _send_ahead(
+        self,
+        index: ConfigIndex,
+        tenant: CompiledTenant,
+        policy: CompiledTierPolicy,
+        tier: CompiledTier,
+        tokens: int,
+        ahead: bool,
+    ) -> PendingCharge | None:
+        """Start the budget charge without waiting for it, when the tenant's view allows
+        (:mod:`kvpool.domain.budget_overlap`); None: the request waits for its verdict.
+
+        Only streams go ahead (``ahead`` is False for the others): a stream's first chunk
+        comes after the prefill, so its gate is shut long before the engine did much; a
+        non-streaming answer comes whole, so a refusal would waste all of its output."""
+        if not tenant.limits or not self.store.remote:
+            return None  # nothing to charge, or a verdict made in this process: no wait
+        if self.overlap is None or not ahead:
+            self.metrics.budget_overlap.labels("off" if self.overlap is None else "waited").inc()
+            return None
+        subject = budget_subject(index.config.namespace, tenant.tenant)
+        now = self.wall_clock()
+        decision = self.overlap.decide(subject, tenant.limits, tokens, now)
+        if decision != "overlap":
+            self.metrics.budget_overlap.labels(decision).inc()
+            return None
+        self.overlap.sent_ahead(subject, tokens)
+        overlap = self.overlap
+        task = self._tasks.spawn(
+            self._reserve(subject, tenant, tier, tokens, now), "budget charge ahead"
+        )
+        task.add_done_callback(lambda _: overlap.verdict_in(subject, tokens))
+        return PendingCharge(task=task, subject=subject, tokens=tokens, policy=policy)
+
+    async def confirm_budget(self, admission: Admission) -> None:
+        """The gate before any byte of a request sent ahead goes to its client: wait for
+        its budget verdict. Allowed: the charge is the admission's from now on. Refused:
+        the GatewayError of the refusal (429, or 503 where the budget is unavailable and
+        the tier fails closed); demoted: a GatewayError coded :data:`REDO_DEMOTED`, on
+        which the handler admits the request again. Its engine request is aborted in both
+        cases, as for a client that left."""
+        pending = admission.pending
+        if pending is None:
+            return
+        verdict = await asyncio.shield(pending.task)  # a client gone leaves the charge on
+        admission.pending = None
+        tier, tenant = admission.tier, admission.tenant
+        if (
+            isinstance(verdict, BudgetDeny)
+            and tenant.over_budget == "Demote"
+            and not verdict.never_fits
+            and isinstance(decide_demotion(pending.policy, tenant, tier.name), Demoted)
+        ):
+            self.metrics.budget_overlap.labels("refused").inc()
+            raise GatewayError(409, REDO_DEMOTED, "demoted by its budget after it was sent")
+        try:
+            charge, _, _ = self._judge(
+                verdict, tenant, pending.policy, admission.pool, tier, pending.tokens
+            )
+        except GatewayError:
+            self.metrics.budget_overlap.labels("refused").inc()
+            raise
+        self.metrics.budget_overlap.labels("overlap").inc()
+        admission.charge = charge
+
+    def abandon(self, admission: Admission) -> None:
+        """Give back a request that its budget demoted after it was sent ahead (nothing
+        reached its client; it is admitted again in its lower tier): its reservation ends
+        and nothing is recorded for it."""
+        self._give_back(admission, None)
+
+    async def _uncharge(self, charge: BudgetCharge | None, pending: PendingCharge | None) -> None:
+        """Take back the charge of a request that was not admitted (or the one on its way)."""
+        if charge is not None:
+            await self._settle(charge, 0)
+        if pending is not None:
+            self._settle_pending(pending, 0)
+
+    def _settle_pending(
+        self, pending: PendingCharge, charged: int, tenant: str | None = None
+    ) -> None:
+        """Settle a charge sent ahead whose verdict nobody waited for (the request ended
+        before its gate): when the verdict allowed it, at ``charged`` tokens (counted in
+        ``tenant``'s charged tokens when given)."""
+
+        async def settle_when_known() -> None:
+            verdict = await pending.task
+            if not isinstance(verdict, BudgetAllow):
+                return
+            await self._settle_now(verdict.charge, charged, self.wall_clock())
+            if tenant is not None:
+                for window in verdict.charge.windows:
+                    self.metrics.tokens_charged.labels(tenant, format_window(window)).inc(charged)
+
+        self._tasks.spawn(settle_when_known(), "budget settle")
 
     # -- step 8 ----------------------------------------------------------------------------
 
@@ -372,9 +533,14 @@ class RequestPipeline:
         actual = usage.total(estimate.prompt_tokens)
         first = usage.first_token_at
         charged = 0
+        pending = admission.pending
         if admission.charge is not None:
             end = usage.settlement(admission.charge.tokens, estimate.prompt_tokens)
             charged = decide_settlement(end)
+        elif pending is not None:  # it ended before its gate: settle once its verdict is in
+            admission.pending = None
+            charged = decide_settlement(usage.settlement(pending.tokens, estimate.prompt_tokens))
+            self._settle_pending(pending, charged, admission.tenant.tenant)
         outcome = Outcome(
             status=status,
             label=label,

@@ -43,6 +43,7 @@ from kvpool.adapters.tokenizer import TokenizerCache
 from kvpool.api.admission_config import AdmissionConfig
 from kvpool.domain.handover import handover_chunk
 from kvpool.gateway.body import BodyWorker
+from kvpool.gateway.budget_overlap import BudgetOverlap
 from kvpool.gateway.capacity import CapacityShare, StaticShare
 from kvpool.gateway.config_index import ConfigIndex
 from kvpool.gateway.ejection import ReplicaEjector
@@ -51,7 +52,7 @@ from kvpool.gateway.errors import NOT_FOUND, OVERLOADED, SERVER, GatewayError
 from kvpool.gateway.loop_lag import watch_loop_lag
 from kvpool.gateway.memory import MemoryTrimmer
 from kvpool.gateway.metrics import GatewayMetrics
-from kvpool.gateway.pipeline import Admission, RequestPipeline
+from kvpool.gateway.pipeline import REDO_DEMOTED, Admission, RequestPipeline
 from kvpool.gateway.registry import PoolRegistry
 from kvpool.gateway.request import (
     Kind,
@@ -146,6 +147,7 @@ class Gateway:
             self.tasks,
             access_log=settings.access_log,
             wall_clock=wall_clock,
+            overlap=BudgetOverlap() if settings.budget_overlap else None,
         )
         self.watcher = EngineWatcher(
             self.registry,
@@ -283,24 +285,42 @@ class Gateway:
         index = self.index  # this request's config, from authentication to admission
         tenant = self.pipeline.authenticate(request.headers.get("Authorization"), index)
         raw = await self._read_body(request, index)  # only for a known tenant
+        kind = ROUTES[request.path]
         admission, parsed = await self.pipeline.admit(
-            index, tenant, ROUTES[request.path], raw, request.path, request.host
+            index, tenant, kind, raw, request.path, request.host
         )
+        response = await self._relay(request, admission, parsed)
+        if response is None:  # sent ahead, then demoted by its budget: admit it again
+            admission, parsed = await self.pipeline.admit(
+                index, tenant, kind, raw, request.path, request.host, ahead=False
+            )
+            response = await self._relay(request, admission, parsed)
+            assert response is not None, "a request that waited for its verdict is never redone"
+        return response
+
+    async def _relay(
+        self, request: web.Request, admission: Admission, parsed: ParsedRequest
+    ) -> web.StreamResponse | None:
+        """Send an admitted request and finish it; None when its budget verdict demoted it
+        after it was sent ahead (nothing reached the client; it is given back, unrecorded)."""
         meter = UsageMeter()  # written by the upstream; read here if it ends without a result
         status, label, usage = 500, "error", None
         self.metrics.in_flight.inc()
         try:
             result = await self._send(self._call(request, admission, parsed, meter), admission)
             status, label, usage = result.status, result.label, result.usage
-            return result.response
+            return None if label == REDO_DEMOTED else result.response
         except asyncio.CancelledError:  # the client went away: aiohttp cancelled the handler
             status, label = 499, CLIENT_STALLED if meter.client_stalled else "client_gone"
             raise
         finally:
             self.metrics.in_flight.dec()
-            if label != "ok":  # cut, broken or timed out: its buffers may be large
-                self.trimmer.soon()
-            await self.pipeline.finish(admission, status, label, usage or meter.usage())
+            if label == REDO_DEMOTED:
+                self.pipeline.abandon(admission)
+            else:
+                if label != "ok":  # cut, broken or timed out: its buffers may be large
+                    self.trimmer.soon()
+                await self.pipeline.finish(admission, status, label, usage or meter.usage())
 
     def _call(
         self, request: web.Request, admission: Admission, parsed: ParsedRequest, meter: UsageMeter
@@ -327,6 +347,11 @@ class Gateway:
             on_engine_done=lambda: self.pipeline.release(admission, meter.usage()),
             handover_at=(handover_chunk(bound, self.settings.handover_tokens) if single else None),
             on_handover=partial(self.pipeline.hand_over, admission),
+            gate=(
+                partial(self.pipeline.confirm_budget, admission)
+                if admission.pending is not None
+                else None
+            ),
         )
 
     async def _send(self, call: UpstreamCall, admission: Admission) -> UpstreamResult:

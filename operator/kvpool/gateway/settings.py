@@ -32,3 +32,4 @@ class GatewaySettings:
     engine_poll_seconds: float = 0.25  # all gateways together poll each engine this often
     borrow_pause_usage: float = 0.97  # measured KV usage that pauses borrowing
     handover_tokens: int = 0  # a stream this close to its output bound hands its place on
+    budget_overlap: bool = True  # send requests ahead of their budget verdict where safe

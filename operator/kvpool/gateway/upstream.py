@@ -61,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -116,6 +116,10 @@ class UpstreamCall:
     # (kvpool.domain.handover): on_handover is then called, once
     handover_at: int | None = None
     on_handover: Callable[[], None] | None = None
+    # awaited before any byte of the engine's answer goes to the client (a request sent
+    # ahead of its budget verdict); a GatewayError it raises is the answer instead, and
+    # the engine's request is closed
+    gate: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,10 @@ class AiohttpUpstream:
             return UpstreamResult(
                 200, STREAM_BROKEN, meter.usage(), broken.fault, broken.response, "stream_broken"
             )
+        except GatewayError as refused:  # by the gate: nothing went to the client
+            return UpstreamResult(
+                refused.status, refused.code, meter.usage(), None, refused.response()
+            )
         except asyncio.CancelledError:
             meter.client_gone = True
             raise
@@ -282,6 +290,8 @@ class AiohttpUpstream:
                     raw = await upstream.read()
                     if upstream.status == 200:
                         _meter_json(raw, meter)
+                    if call.gate is not None:
+                        await call.gate()
                     return web.Response(
                         status=upstream.status,
                         body=raw,
@@ -395,11 +405,16 @@ async def _relay_stream(
         status=200,
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
     )
+    chunks: AsyncIterator[bytes] = upstream.content.iter_any()
+    if call.gate is not None:  # the engine works on its first token while the gate is shut
+        first = await anext(chunks, b"")
+        await call.gate()
+        chunks = _after(first, chunks)
     await response.prepare(call.client)
     progress.stream = response
     pending = b""
     try:
-        async for data in upstream.content.iter_any():
+        async for data in chunks:
             if meter.chunks == 0 and SSE_DATA in data:
                 deadline.reschedule(None)  # first token seen: only the idle timeout is left
             pending += data
@@ -434,6 +449,14 @@ async def _relay_stream(
         ) from exc
     await _write(call, response, b"", idle, eof=True)
     return response
+
+
+async def _after(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``first`` (when not empty), then the rest."""
+    if first:
+        yield first
+    async for data in rest:
+        yield data
 
 
 def stream_error_event(message: str) -> bytes:
