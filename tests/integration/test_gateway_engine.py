@@ -8,6 +8,8 @@ scheduling) shared by the module, these tests check, through real HTTP:
   the engine reported;
 - two ``kvpool gateway`` PROCESSES sharing one Redis enforce one budget under a concurrent
   burst: what they let through overshoots the limit by at most one reservation;
+- a stream sent ahead of its budget verdict and refused by it is aborted by the engine
+  (two gateways on one Redis, one spending the budget the other still sees room in);
 - Redis killed mid-test: the fail-open tier keeps serving from its local allowance, the
   fail-closed tier answers 503 at once, Redis errors are counted, and budgets go back to
   Redis once it is back;
@@ -225,6 +227,58 @@ async def test_budget_across_two_gateway_processes_sharing_redis(
     assert used <= limit + reservation
     assert len(served) >= limit // reservation  # and it was not starved either
     print(f"served {len(served)} of 24, {used} tokens of a {limit} budget")
+
+
+async def engine_generated(engine: VllmEngine) -> float:
+    """The engine's ``vllm:generation_tokens_total`` so far."""
+    async with aiohttp.ClientSession() as session, session.get(engine.metrics_url) as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:generation_tokens":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("the engine publishes no vllm:generation_tokens_total")
+
+
+async def test_a_stream_refused_after_it_went_ahead_is_aborted_by_the_engine(
+    tiny_engine: VllmEngine,
+    tiny_tokenizer_json: Path,
+    redis_server: RedisFactory,
+    gateway_client: GatewayClientFactory,
+) -> None:
+    """Given two gateways on one Redis and a 1,000-token budget, when B spends 650 of it
+    while A's view of it is still young, then A's next stream (about 405 tokens) goes
+    ahead to the engine, is refused by its verdict (429, as if it had waited) and the
+    engine aborts it: of the 400 tokens it would have generated, it makes at most a few."""
+    redis = redis_server()
+    config = tiny_engine_admission_config(
+        tiny_engine.base_url, tiny_tokenizer_json, limits=[(60, 1000)]
+    ).obj()
+
+    def store() -> FailoverBudgetStore:
+        return FailoverBudgetStore(RedisBudgetStore(redis.url, timeout=1.0))
+
+    client_a, gateway_a = await gateway_client(config, store())
+    client_b, _ = await gateway_client(config, store())
+    first = await client_a.post("/v1/completions", json=completion(stream=True), headers=ACME)
+    assert first.status == 200 and (await first.text()).endswith("[DONE]\n\n")
+    spend = completion(max_tokens=60, ignore_eos=True)  # B spends 650 at once, while A's
+    statuses = await asyncio.gather(  # view of the budget is young (2 s)
+        *(client_b.post("/v1/completions", json=spend, headers=ACME) for _ in range(10))
+    )
+    assert [resp.status for resp in statuses] == [200] * 10
+    before = await engine_generated(tiny_engine)
+
+    body = completion(max_tokens=400, ignore_eos=True, stream=True)
+    resp = await client_a.post("/v1/completions", json=body, headers=ACME)
+
+    assert resp.status == 429, await resp.text()
+    assert (await resp.json())["error"]["code"] == "budget_exceeded"
+    metrics = gateway_a.metrics.render().decode()
+    assert 'kvpool_gateway_budget_overlap_total{result="refused"} 1.0' in metrics
+    await asyncio.sleep(1.0)  # 400 tokens take seconds on CPU: an unaborted request runs on
+    made = await engine_generated(tiny_engine) - before
+    assert made < 40, f"the engine generated {made:.0f} tokens of the refused request"
+    assert gateway_a.registry.runtimes["tiny"].snapshot().in_flight == 0
 
 
 async def test_redis_killed_mid_test_follows_the_tier_policy(
