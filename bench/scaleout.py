@@ -57,6 +57,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -198,6 +199,10 @@ class Tally:
     # part from the request's hand-over to the engine, and the admission queue
     gateway_ttft_ms: list[float] = field(default_factory=list)
     upstream_ttft_ms: list[float] = field(default_factory=list)
+    # the gateway's own part: arrival to the hand-over, less the admission queue
+    before_hand_over_ms: list[float] = field(default_factory=list)
+    # budget charges by how they met their engine request (kvpool_gateway_budget_overlap)
+    budget_overlap: dict[str, float] = field(default_factory=dict)
     queue_ms: list[float] = field(default_factory=list)
     # by the access logs, every chat of a round (its first seconds too): how many waited
     # over 25 ms for admission, and of the replicas' first chats of a round how many did
@@ -448,9 +453,10 @@ def start_gateway(
     name: str,
     share: int | None,
     lease_period: float = LEASE_PERIOD,
+    flags: tuple[str, ...] = (),
 ) -> GatewayProcess:
     # the access log is on (chat_times reads it)
-    extra = ("--lease-period", str(lease_period), "--lease-ttl", str(LEASE_TTL))
+    extra = ("--lease-period", str(lease_period), "--lease-ttl", str(LEASE_TTL), *flags)
     extra += ("--plan-share", str(share)) if share is not None else ()
     gateway = GatewayProcess(
         plan.config_path, workdir / f"gateway-{name}.log", redis_url=redis.url, extra_args=extra
@@ -501,6 +507,7 @@ def chat_times(tally: Tally, logs: dict[Path, int], wall_from: float, wall_to: f
                 tally.gateway_ttft_ms.append(ttft)
                 tally.upstream_ttft_ms.append(upstream)
                 tally.queue_ms.append(record["queue_ms"])
+                tally.before_hand_over_ms.append(ttft - upstream - record["queue_ms"])
         if chats:
             chats.sort()
             tally.logged_chats += len(chats)
@@ -579,6 +586,7 @@ async def run_round(
                 f"{scenario.name}-{i}",
                 scenario.static_share,
                 args.lease_period,
+                ("--no-budget-overlap",) if args.no_budget_overlap else (),
             )
             for i in range(scenario.replicas)
         )
@@ -675,10 +683,17 @@ def add_bucket_deltas(
         into[le] = into.get(le, 0) + value - before.get(le, 0)
 
 
+OVERLAP = re.compile(r'^kvpool_gateway_budget_overlap_total\{result="([a-z-]+)"\} (\S+)$', re.M)
+
+
 def add_renewals(tally: Tally, before: list[str], after: list[str]) -> None:
-    """The lease renewals of a round and their durations, from each replica's /metrics
-    ``before`` and ``after`` it."""
+    """The lease renewals of a round and their durations, and the budget charges by how
+    they met their engine request, from each replica's /metrics ``before`` and ``after``."""
     for b_text, a_text in zip(before, after, strict=True):
+        counted = {result: float(value) for result, value in OVERLAP.findall(b_text)}
+        for result, value in OVERLAP.findall(a_text):
+            grown = float(value) - counted.get(result, 0.0)
+            tally.budget_overlap[result] = tally.budget_overlap.get(result, 0.0) + grown
         b, a = metric_sums(b_text), metric_sums(a_text)
         tally.renewals += a.get("kvpool_gateway_lease_renewals_total", 0) - b.get(
             "kvpool_gateway_lease_renewals_total", 0
@@ -831,6 +846,7 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "mean_sum_in_use_tokens": _per(tally.sum_in_use_tokens, tally.samples),
         "mean_idle_tokens_quiet_replicas": _per(tally.sum_idle_quiet_tokens, tally.samples),
         "mean_idle_tokens_waiting_replicas": _per(tally.sum_idle_waiting_tokens, tally.samples),
+        "budget_overlap": {k: round(v) for k, v in sorted(tally.budget_overlap.items())},
         "renewals_per_s_per_replica": _per(tally.renewals, tally.replica_seconds),
         "redis_commands_per_s_per_replica": _per(tally.redis_commands, tally.replica_seconds),
         "gateway_cpu_percent_per_replica": _per(
@@ -852,6 +868,7 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
                 ("arrival_to_first_token", tally.gateway_ttft_ms),
                 ("engine_to_first_token", tally.upstream_ttft_ms),
                 ("admission_queue", tally.queue_ms),
+                ("before_hand_over", tally.before_hand_over_ms),
                 ("queue_and_engine", queued_and_engine),
             )
         },
@@ -1060,6 +1077,13 @@ def print_table(result: dict[str, Any]) -> None:
             f" reserved above the plan {row['reserved_over_plan_percent'] or 0:.1f} % of the"
             f" time, above the engine's KV {row['reserved_over_engine_kv_percent'] or 0:.1f} %"
         )
+    print("the gateway's own time before a chat's hand-over, ms p50/p95/p99; budget charges:")
+    for name, row in result["scenarios"].items():
+        own = row["chat_ttft_at_gateway_ms"]["before_hand_over"]
+        print(
+            f"  {name:19} {own['p50'] or 0:.1f}/{own['p95'] or 0:.1f}/{own['p99'] or 0:.1f};"
+            f" {row['budget_overlap']}"
+        )
     print("where chats wait (by the replica they reached):")
     for name, row in result["scenarios"].items():
         print(f"  {name:19} {row['chats_by_replica']}")
@@ -1149,6 +1173,11 @@ def main() -> int:
         default=LEASE_PERIOD,
         metavar="SECONDS",
         help=f"the gateways' --lease-period (default {LEASE_PERIOD}, the gateway's default)",
+    )
+    parser.add_argument(
+        "--no-budget-overlap",
+        action="store_true",
+        help="the gateways' --no-budget-overlap: every request waits for its budget verdict",
     )
     parser.add_argument(
         "--engine-scale",
