@@ -53,6 +53,7 @@ import random
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from kvpool.adapters.lease.store import LeaseStoreError, PlanRenewal, RedisLeaseStore
 from kvpool.api.admission_config import (
@@ -143,8 +144,8 @@ class LeaseKeeper:
     ) -> None:
         """Where the runtimes are and how to re-apply a pool's share (the registry's)."""
         self._runtimes, self._refresh = runtimes, refresh
-        for runtime in runtimes().values():
-            runtime.on_queued = self._queued
+        for pool, runtime in runtimes().items():
+            runtime.on_queued = partial(self._queued, pool)
 
     def configure(self, config: AdmissionConfig) -> None:
         """A new config: its tenants' ``maxConcurrency`` is leased too."""
@@ -234,10 +235,13 @@ class LeaseKeeper:
         keep every replica renewing at the urgent gap)."""
         self.wake(min(hops, URGENT_HOPS))
 
-    def _queued(self, tier: str) -> None:
-        """A request of ``tier`` waits here with none ahead of it: renew, and hurry if
-        the tier is a ``Preempt`` one (module docstring)."""
-        urgent = any(tier in state.plan.preempt for state in self._plans.values())
+    def _queued(self, pool: str, tier: str) -> None:
+        """A request of ``tier`` waits here in ``pool`` with none ahead of it: renew, and
+        hurry if the tier is a ``Preempt`` one in that pool's plans (module docstring; two
+        pools' policies may name a tier alike and reclaim it differently)."""
+        urgent = any(
+            tier in state.plan.preempt for state in self._plans.values() if state.pool == pool
+        )
         self.wake(URGENT_HOPS + 1 if urgent else 0)
 
     async def run(self) -> None:
@@ -504,7 +508,7 @@ class LeaseKeeper:
             runtime = runtimes.get(state.pool)
             if runtime is None:
                 continue
-            runtime.on_queued = self._queued
+            runtime.on_queued = partial(self._queued, state.pool)
             effective = self._effective(state)
             runtime.set_tenant_limits(state.track, self._tenant_shares(state))
             self.metrics.export_lease(state.pool, state.track, state.plan.tiers, effective)
