@@ -8,6 +8,8 @@ views and the requests sent ahead, per budget subject.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvpool.api.admission_config import BudgetWindow
@@ -113,3 +115,11 @@ def test_a_view_ages_out() -> None:
     views.seen("ns/t", 100, allow(tokens=0), NOW)
     assert views.decide("ns/t", [MINUTE], 1, NOW + 0.5) == "overlap"
     assert views.decide("ns/t", [MINUTE], 1, NOW + 0.6) == "stale"
+
+
+def test_a_verdict_of_the_local_allowance_teaches_nothing() -> None:
+    views = BudgetOverlap()
+    local = allow(tokens=0)
+    local = BudgetAllow(charge=replace(local.charge, origin="local"), usage=local.usage)
+    views.seen("ns/t", 100, local, NOW)  # Redis down: the usage is this process's own
+    assert views.decide("ns/t", [MINUTE], 1, NOW) == "no-view"

@@ -52,6 +52,9 @@ from typing import Literal
 
 from kvpool.api.admission_config import BudgetWindow
 
+PRIMARY_ORIGIN = "primary"
+"""The origin of a charge made by the store itself (not the failover's local allowance)."""
+
 SUB_BUCKETS = 60
 """Sub-window counters per window; the window is exact to 1/SUB_BUCKETS (conservative)."""
 
@@ -124,7 +127,7 @@ class BudgetCharge:
     tokens: int  # tokens reserved (charged) at admission
     at: float  # when it was charged (selects the counter in every window)
     windows: tuple[float, ...]  # window lengths (seconds) the charge was made in
-    origin: str = "primary"  # which store holds it (a Redis store's local allowance: "local")
+    origin: str = PRIMARY_ORIGIN  # or "local": the failover store's allowance (Redis down)
 
 
 @dataclass(frozen=True)

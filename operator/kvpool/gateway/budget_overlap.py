@@ -11,7 +11,8 @@ far that can go, and a refusal (a verdict that comes back over the limit) costs 
 aborted engine request, never an uncharged answer. A replica that is killed loses its
 views, and a new one starts without any (its first request of each tenant waits for its
 verdict). With Redis gone, the failover store answers from its local allowance at once
-(no round trip to hide) and those verdicts feed the views as any other.
+(no round trip to hide); its verdicts say nothing of the shared usage, so they feed no
+view, and once Redis answers again the first verdicts from it make new ones.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.api.admission_config import BudgetWindow
-from kvpool.domain.budget import BudgetAllow, BudgetDeny, BudgetVerdict
+from kvpool.domain.budget import PRIMARY_ORIGIN, BudgetAllow, BudgetDeny, BudgetVerdict
 from kvpool.domain.budget_overlap import (
     DEFAULT_MARGIN,
     DEFAULT_MAX_AGE,
@@ -69,8 +70,12 @@ class BudgetOverlap:
 
     def seen(self, subject: str, tokens: int, verdict: BudgetVerdict, now: float) -> None:
         """Learn from a verdict on a charge of ``tokens``: an allowed one reports the usage
-        before it; a refusal leaves no view until an allowed charge shows room again."""
+        before it; a refusal leaves no view until an allowed charge shows room again. A
+        verdict of the failover store's local allowance (Redis down) says nothing of the
+        shared usage and teaches nothing."""
         if isinstance(verdict, BudgetAllow):
+            if verdict.charge.origin != PRIMARY_ORIGIN:
+                return
             current = self._views.get(subject)
             if current is not None and current.at > now:
                 return  # a later charge's verdict came in first: it saw more

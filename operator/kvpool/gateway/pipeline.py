@@ -147,6 +147,7 @@ class Admission:
     on_first_token: Callable[[], None] | None = None  # ends its replica's prefill hold
     released: bool = False  # its reservation was given back (release() is idempotent)
     pending: PendingCharge | None = None  # sent ahead of its budget verdict, until confirmed
+    ahead: bool = False  # it was sent ahead of its budget verdict (the access log says so)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -403,6 +404,7 @@ class RequestPipeline:
                 else None
             ),
             pending=pending,
+            ahead=pending is not None,
         )
         return admission, parsed
 
@@ -637,6 +639,7 @@ class RequestPipeline:
                     "outcome": outcome.label,
                     "admission": admission.admit.outcome,
                     "demoted": admission.demoted,
+                    "budget_ahead": admission.ahead,
                     "queue_ms": _ms(admission.admit.queued_seconds),
                     "duration_ms": _ms(outcome.duration_seconds),
                     "ttft_ms": _ms(outcome.ttft_seconds),
