@@ -114,6 +114,7 @@ from e2e.report import (
     TierResult,
     build_engine_delta,
     build_tier_result,
+    describe_budget_overlap,
     format_table,
     parse_samples,
 )
@@ -482,6 +483,7 @@ def run_with_kvpool(
     narrator.step("Results with kvpool")
     print(format_table(result.tiers, result.engine), flush=True)
     narrator.say(summarise(result))
+    narrator.say(describe_budget_overlap(samples))
     narrator.say("memory (RSS, MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     return result, samples, memory
 

@@ -23,6 +23,7 @@ from e2e.report import (
     RequestRecord,
     build_engine_delta,
     build_tier_result,
+    describe_budget_overlap,
     histogram_quantile,
     parse_samples,
     percentile,
@@ -254,3 +255,20 @@ def test_scrape_targets_carry_the_labels_the_operator_queries_by() -> None:
         LABEL_NAMESPACE: "kvpool-demo",
         LABEL_REPLICA: "engine-1",
     }
+
+
+def test_describe_budget_overlap_counts_ahead_waited_and_refused() -> None:
+    name = "kvpool_gateway_budget_overlap_total"
+    samples = [
+        (name, {"result": "overlap"}, 40.0),
+        (name, {"result": "no-view"}, 2.0),
+        (name, {"result": "stale"}, 1.0),
+        (name, {"result": "refused"}, 1.0),
+        ("kvpool_gateway_other_total", {"result": "overlap"}, 9.0),
+    ]
+    assert describe_budget_overlap(samples) == (
+        "budget charges: 40 streams went to their engine ahead of their verdict (the Redis "
+        "round trip under the prefill), 3 waited for it (no-view 2, stale 1), 1 refused "
+        "after going ahead"
+    )
+    assert describe_budget_overlap([]).startswith("budget charges: 0 streams")
