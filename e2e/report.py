@@ -271,10 +271,12 @@ def describe_budget_overlap(samples: Iterable[Sample]) -> str:
     counts = label_values(samples, BUDGET_OVERLAP, "result")
     ahead = counts.pop("overlap", 0.0)
     refused = counts.pop("refused", 0.0)
+    ended = counts.pop("ended", 0.0)
     waited = ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(counts.items()))
     return (
         f"budget charges: {ahead:.0f} streams went to their engine ahead of their verdict "
         f"(the Redis round trip under the prefill), {sum(counts.values()):.0f} waited for it"
         + (f" ({waited})" if waited else "")
-        + f", {refused:.0f} refused after going ahead"
+        + f", {refused:.0f} refused after going ahead, {ended:.0f} ended before the verdict"
+        " was needed"
     )

@@ -264,11 +264,12 @@ def test_describe_budget_overlap_counts_ahead_waited_and_refused() -> None:
         (name, {"result": "no-view"}, 2.0),
         (name, {"result": "stale"}, 1.0),
         (name, {"result": "refused"}, 1.0),
+        (name, {"result": "ended"}, 5.0),
         ("kvpool_gateway_other_total", {"result": "overlap"}, 9.0),
     ]
     assert describe_budget_overlap(samples) == (
         "budget charges: 40 streams went to their engine ahead of their verdict (the Redis "
         "round trip under the prefill), 3 waited for it (no-view 2, stale 1), 1 refused "
-        "after going ahead"
+        "after going ahead, 5 ended before the verdict was needed"
     )
     assert describe_budget_overlap([]).startswith("budget charges: 0 streams")

@@ -226,7 +226,9 @@ async def test_a_stream_whose_engine_failed_before_its_verdict_is_settled_when_i
     store.door.set()  # its verdict comes after its end: the charge must not stay
     await gateway.tasks.wait(timeout=5)
 
-    assert overlap_count(gateway.metrics.render().decode(), "overlap") == 0  # no gate ran
+    metrics = gateway.metrics.render().decode()
+    assert overlap_count(metrics, "overlap") == 0  # no gate ran
+    assert overlap_count(metrics, "ended") == 1
     assert await redis_usage(redis.url) == 9  # the engine never saw it: settled at 0
     charged = gateway.metrics.render().decode()
     assert 'kvpool_gateway_tenant_tokens_charged_total{tenant="t",window="1m"} 9.0' in charged

@@ -30,9 +30,10 @@ Series (all prefixed ``kvpool_gateway_``):
 - ``budget_overlap_total{result}``: requests of tenants with budgets by how their charge
   met their engine request: ``overlap`` (sent ahead of the verdict, which allowed it),
   ``refused`` (sent ahead, then refused or demoted by the verdict: the engine request was
-  aborted), or why it waited for the verdict first (``no-view``, ``stale``,
-  ``near-limit``; ``waited``: not a stream, or admitted again after a demotion; ``off``:
-  ``--no-budget-overlap``);
+  aborted), ``ended`` (sent ahead, ended before its gate: refused by admission, the
+  engine failed, the client left; settled when its verdict comes), or why it waited
+  for the verdict first (``no-view``, ``stale``, ``near-limit``; ``waited``: not a
+  stream, or admitted again after a demotion; ``off``: ``--no-budget-overlap``);
 - ``upstream_errors_total{pool,kind}``: connect, timeout, status_5xx, stream_broken;
 - ``requests_total{route,code}``, ``in_flight`` gauge, ``preempt_admissions_total{pool}``;
 - ``config_reloads_total{result}`` and ``config_info{namespace,generated_at}``;
@@ -204,8 +205,8 @@ class GatewayMetrics:
         )
         self.budget_overlap = Counter(
             p + "budget_overlap",
-            "Budget charges by how they met their engine request (overlap, refused, or why "
-            "the request waited for its verdict).",
+            "Budget charges by how they met their engine request (overlap, refused, ended, or "
+            "why the request waited for its verdict).",
             ["result"],
             registry=r,
         )

@@ -486,6 +486,7 @@ class RequestPipeline:
         if charge is not None:
             await self._settle(charge, 0)
         if pending is not None:
+            self.metrics.budget_overlap.labels("ended").inc()
             self._settle_pending(pending, 0)
 
     def _settle_pending(
@@ -541,6 +542,7 @@ class RequestPipeline:
             charged = decide_settlement(end)
         elif pending is not None:  # it ended before its gate: settle once its verdict is in
             admission.pending = None
+            self.metrics.budget_overlap.labels("ended").inc()
             charged = decide_settlement(usage.settlement(pending.tokens, estimate.prompt_tokens))
             self._settle_pending(pending, charged, admission.tenant.tenant)
         outcome = Outcome(
