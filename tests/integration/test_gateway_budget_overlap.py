@@ -27,7 +27,6 @@ from aiohttp.test_utils import TestClient
 from kvpool.adapters.budget import FailoverBudgetStore, RedisBudgetStore, budget_subject
 from kvpool.adapters.budget.protocol import StoreVerdict, UnavailableMode
 from kvpool.api.admission_config import BudgetWindow
-from kvpool.domain.budget import BudgetCharge, WindowUsage
 from tests.builders import AdmissionConfigBuilder
 from tests.support.gateway import FakeEngine
 from tests.support.redis_server import RedisFactory
@@ -39,14 +38,12 @@ KEY = {"Authorization": "Bearer sk-t"}
 LIMIT = 300  # tokens a minute: about 20 requests of 5 + 10 tokens
 
 
-class HeldStore:
-    """The Redis budget store with a door in front of its verdicts: while ``door`` is
-    shut, a charge is on its way."""
-
-    remote = True
+class HeldStore(FailoverBudgetStore):
+    """The Redis budget store (behind the failover wrapper, as the gateway runs it) with a
+    door in front of its verdicts: while ``door`` is shut, a charge is on its way."""
 
     def __init__(self, url: str) -> None:
-        self.inner = FailoverBudgetStore(RedisBudgetStore(url, timeout=1.0))
+        super().__init__(RedisBudgetStore(url, timeout=1.0))
         self.door = asyncio.Event()
         self.door.set()
 
@@ -60,18 +57,7 @@ class HeldStore:
         when_unavailable: UnavailableMode | None = None,
     ) -> StoreVerdict:
         await self.door.wait()
-        return await self.inner.reserve(subject, limits, tokens, now, tier, when_unavailable)
-
-    async def settle(self, charge: BudgetCharge, actual_tokens: int, now: float) -> None:
-        await self.inner.settle(charge, actual_tokens, now)
-
-    async def usage(
-        self, subject: str, limits: Sequence[BudgetWindow], now: float
-    ) -> list[WindowUsage]:
-        return await self.inner.usage(subject, limits, now)
-
-    async def close(self) -> None:
-        await self.inner.close()
+        return await super().reserve(subject, limits, tokens, now, tier, when_unavailable)
 
 
 def config(engine: FakeEngine, over_budget: str = "Reject") -> AdmissionConfigBuilder:

@@ -18,6 +18,7 @@ from kvpool.gateway.leases import URGENT_HOPS, LeaseKeeper
 from kvpool.gateway.metrics import GatewayMetrics
 from kvpool.gateway.registry import PoolRegistry
 from tests.builders import AdmissionConfigBuilder
+from tests.builders.compiled import Reclaim
 
 
 class RecordingKeeper(LeaseKeeper):
@@ -29,23 +30,21 @@ class RecordingKeeper(LeaseKeeper):
         self.woken.append(urgency)
 
 
+def one_policy(pool: str, reclaim: Reclaim) -> AdmissionConfig:
+    """Pool ``pool`` under policy ``tiers``: interactive (reclaimed by ``reclaim``), batch."""
+    return (
+        AdmissionConfigBuilder()
+        .tier("interactive", floor=50, wait=30.0, reclaim=reclaim)
+        .tier("batch", floor=30, wait=30.0)
+        .pool(pool, ["http://127.0.0.1:9"])
+        .obj()
+    )
+
+
 def two_policies() -> AdmissionConfig:
     """Pool ``chat`` under policy ``tiers`` (interactive: Preempt) and pool ``calm`` under
     policy ``calm`` (interactive: Wait)."""
-    hurried = (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=30.0, reclaim="Preempt")
-        .tier("batch", floor=30, wait=30.0)
-        .pool("chat", ["http://127.0.0.1:9"])
-        .obj()
-    )
-    calm = (
-        AdmissionConfigBuilder()
-        .tier("interactive", floor=50, wait=30.0, reclaim="Wait")
-        .tier("batch", floor=30, wait=30.0)
-        .pool("calm", ["http://127.0.0.1:9"])
-        .obj()
-    )
+    hurried, calm = one_policy("chat", "Preempt"), one_policy("calm", "Wait")
     calm_policy = calm.tier_policies[0].model_copy(update={"name": "calm"})
     calm_pool = calm.pools[0].model_copy(update={"tier_policy": "calm"})
     return hurried.model_copy(
