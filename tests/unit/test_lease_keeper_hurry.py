@@ -74,4 +74,5 @@ async def test_only_a_preempt_tier_of_the_pool_where_it_waits_hurries() -> None:
     finally:
         for runtime in registry.runtimes.values():
             runtime.close()
+        await keeper.store.close()
     assert keeper.woken == [0, 0, URGENT_HOPS + 1, 0]

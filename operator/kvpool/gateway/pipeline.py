@@ -119,7 +119,6 @@ class PendingCharge:
     """A budget charge still on its way while its request went ahead to the engine."""
 
     task: asyncio.Task[StoreVerdict]
-    subject: str
     tokens: int  # what it charges (the bound)
     policy: CompiledTierPolicy  # for a demotion
 
@@ -148,6 +147,17 @@ class Admission:
     released: bool = False  # its reservation was given back (release() is idempotent)
     pending: PendingCharge | None = None  # sent ahead of its budget verdict, until confirmed
     ahead: bool = False  # it was sent ahead of its budget verdict (the access log says so)
+
+
+def _demotion(
+    deny: BudgetDeny, tenant: CompiledTenant, policy: CompiledTierPolicy, tier: CompiledTier
+) -> Demoted | None:
+    """The lower tier an over-budget request runs in (``overBudget: Demote``, a request
+    that fits the limit at all, a lower tier the tenant may use), or None: refused."""
+    if tenant.over_budget != "Demote" or deny.never_fits:
+        return None
+    demotion = decide_demotion(policy, tenant, tier.name)
+    return demotion if isinstance(demotion, Demoted) else None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -286,11 +296,10 @@ class RequestPipeline:
                 REASON_BUDGET_UNAVAILABLE, verdict.reason, retry_after=verdict.retry_after
             )
         assert isinstance(verdict, BudgetDeny)
-        if tenant.over_budget == "Demote" and not verdict.never_fits:
-            demotion = decide_demotion(policy, tenant, tier.name)
-            if isinstance(demotion, Demoted):
-                self.metrics.decisions.labels(pool.name, tier.name, "demoted").inc()
-                return None, demotion.tier, True
+        demotion = _demotion(verdict, tenant, policy, tier)
+        if demotion is not None:
+            self.metrics.decisions.labels(pool.name, tier.name, "demoted").inc()
+            return None, demotion.tier, True
         self.metrics.decisions.labels(pool.name, tier.name, "rejected-budget").inc()
         raise error_for(REASON_BUDGET_EXCEEDED, verdict.reason, retry_after=verdict.retry_after)
 
@@ -442,7 +451,7 @@ class RequestPipeline:
             self._reserve(subject, tenant, tier, tokens, now), "budget charge ahead"
         )
         task.add_done_callback(lambda _: overlap.verdict_in(subject, tokens))
-        return PendingCharge(task=task, subject=subject, tokens=tokens, policy=policy)
+        return PendingCharge(task=task, tokens=tokens, policy=policy)
 
     async def confirm_budget(self, admission: Admission) -> None:
         """The gate before any byte of a request sent ahead goes to its client: wait for
@@ -459,9 +468,7 @@ class RequestPipeline:
         tier, tenant = admission.tier, admission.tenant
         if (
             isinstance(verdict, BudgetDeny)
-            and tenant.over_budget == "Demote"
-            and not verdict.never_fits
-            and isinstance(decide_demotion(pending.policy, tenant, tier.name), Demoted)
+            and _demotion(verdict, tenant, pending.policy, tier) is not None
         ):
             self.metrics.budget_overlap.labels("refused").inc()
             raise GatewayError(409, REDO_DEMOTED, "demoted by its budget after it was sent")
@@ -535,15 +542,14 @@ class RequestPipeline:
         estimate = admission.estimate
         actual = usage.total(estimate.prompt_tokens)
         first = usage.first_token_at
+        charge, pending = admission.charge, admission.pending
+        reserved = charge.tokens if charge else pending.tokens if pending else None
         charged = 0
-        pending = admission.pending
-        if admission.charge is not None:
-            end = usage.settlement(admission.charge.tokens, estimate.prompt_tokens)
-            charged = decide_settlement(end)
-        elif pending is not None:  # it ended before its gate: settle once its verdict is in
+        if reserved is not None:
+            charged = decide_settlement(usage.settlement(reserved, estimate.prompt_tokens))
+        if pending is not None:  # it ended before its gate: settle once its verdict is in
             admission.pending = None
             self.metrics.budget_overlap.labels("ended").inc()
-            charged = decide_settlement(usage.settlement(pending.tokens, estimate.prompt_tokens))
             self._settle_pending(pending, charged, admission.tenant.tenant)
         outcome = Outcome(
             status=status,
