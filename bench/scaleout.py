@@ -15,6 +15,11 @@ makes from manifests (bench/bench_manifests.py, never a hand-written config):
 - ``four-all-at-one``    four, every request to r0: admission as ``one`` (the others hold
                          nothing), so what it adds is the three other processes on the
                          shared core (their renewals, the bench's scrapes): a control;
+- ``one-burdened``       ``one``, with three processes on the shared core burning what
+                         four replicas at 70/10/10/10 take beyond one replica's CPU
+                         (``--burn-percent`` of the core, in 2 ms bursts): a control that
+                         gives the shared core's share of the four-replica chat tail,
+                         admission as one;
 - ``two-skewed-static``  two-skewed with the old chart's ``--plan-share 50`` (what leases
                          replace).
 
@@ -59,10 +64,11 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,6 +131,7 @@ class Scenario:
     replicas: int
     route: Route
     static_share: int | None = None  # --plan-share (the old chart), else leases
+    burdened: bool = False  # CPU burners beside it on the shared core (``one-burdened``)
 
 
 SCENARIOS = {
@@ -136,6 +143,7 @@ SCENARIOS = {
         Scenario("four-skewed", 4, by_tier({"interactive": (3,), "batch": (0, 1), "eval": (2,)})),
         Scenario("four-70-10", 4, weighted((0.7, 0.1, 0.1, 0.1))),
         Scenario("four-all-at-one", 4, lambda _t, _r: 0),
+        Scenario("one-burdened", 1, lambda _t, _r: 0, burdened=True),
         Scenario(
             "two-skewed-static",
             2,
@@ -190,6 +198,7 @@ class Tally:
     # per replica: its event loop's lag timer (every 50 ms), cumulative counts by ``le``
     loop_lag_buckets: dict[int, dict[str, float]] = field(default_factory=dict)
     gateway_cpu_seconds: float = 0.0  # user + system CPU of the replicas, summed
+    burner_cpu_seconds: float = 0.0  # of the burners beside them (``one-burdened``)
     # where chats wait, by the replica they reached: their TTFTs, and the deltas of that
     # replica's interactive admission-wait histogram (cumulative counts by le, _sum, _count)
     ttft_ms_by_replica: dict[int, list[float]] = field(default_factory=dict)
@@ -446,6 +455,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+BURNERS = 3  # the three replicas ``four-70-10`` has beyond ``one``
+BURST_SECONDS = 0.002  # about a lease renewal's CPU, or a relayed request's
+# one burner: bursts of busy CPU, each followed by a sleep that makes its share (jittered,
+# so that the burners do not beat in step)
+BURNER = """
+import random, sys, time
+burst, share = float(sys.argv[1]), float(sys.argv[2])
+while True:
+    end = time.perf_counter() + burst
+    while time.perf_counter() < end:
+        pass
+    time.sleep(burst * (1 / share - 1) * random.uniform(0.5, 1.5))
+"""
+
+
+@contextlib.contextmanager
+def cpu_burners(percent: float, cpus: set[int]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """:data:`BURNERS` processes on ``cpus`` taking ``percent`` of one core together."""
+    share = str(percent / 100 / BURNERS)
+    burners = [
+        subprocess.Popen([sys.executable, "-c", BURNER, str(BURST_SECONDS), share])
+        for _ in range(BURNERS)
+    ]
+    try:
+        for burner in burners:
+            os.sched_setaffinity(burner.pid, cpus)
+        yield burners
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
 def start_gateway(
     plan: BenchPlan,
     redis: RedisServer,
@@ -592,13 +634,19 @@ async def run_round(
         )
     )
     logs = log_sizes(gateways)
+    burn = args.burn_percent if scenario.burdened else 0.0
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+            contextlib.AsyncExitStack() as stack,
+        ):
             await wait_engine_idle(session, engine.metrics_url, 60)
             before = await engine_before(session, engine, tally)
             gw_before = [await fetch_text(session, g.metrics_url) for g in gateways]
             commands = await redis_commands(redis)
+            burners = stack.enter_context(cpu_burners(burn, {CLIENT_CORE})) if burn else []
             cpu = sum(cpu_seconds(g.process.pid) for g in gateways)
+            burned = sum(cpu_seconds(b.pid) for b in burners)
             started = time.monotonic()
             load = Load(
                 plan,
@@ -638,6 +686,8 @@ async def run_round(
             stop.set()
             await sampler
             tally.gateway_cpu_seconds += sum(cpu_seconds(g.process.pid) for g in gateways) - cpu
+            tally.burner_cpu_seconds += sum(cpu_seconds(b.pid) for b in burners) - burned
+            await stack.aclose()  # the burners end with the load
             gw_after = [await fetch_text(session, g.metrics_url) for g in gateways]
             gw_settled = await settled
             tally.redis_commands += await redis_commands(redis) - commands
@@ -849,6 +899,7 @@ def summarise(tally: Tally, baseline: Tally | None) -> dict[str, Any]:
         "budget_overlap": {k: round(v) for k, v in sorted(tally.budget_overlap.items())},
         "renewals_per_s_per_replica": _per(tally.renewals, tally.replica_seconds),
         "redis_commands_per_s_per_replica": _per(tally.redis_commands, tally.replica_seconds),
+        "burner_cpu_percent": _per(100 * tally.burner_cpu_seconds, tally.seconds),
         "gateway_cpu_percent_per_replica": _per(
             100 * tally.gateway_cpu_seconds, tally.replica_seconds
         ),
@@ -1157,6 +1208,13 @@ def main() -> int:
         help="keep the engine's and gateways' logs (access logs included) here",
     )
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--burn-percent",
+        type=float,
+        default=32.0,
+        help="CPU (%% of one core) the burners of one-burdened take together: by default"
+        " what four replicas at 70/10/10/10 took beyond one replica's (4 x 12 - 16 %%)",
+    )
     parser.add_argument(
         "--settle",
         type=float,
