@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpool.domain.lease.peaks import PEAK_WINDOW_SECONDS
 from tests.builders import AdmissionConfigBuilder
 from tests.support.gateway import FakeEngine, GatewayProcess, GatewayProcesses
 from tests.support.redis_server import RedisFactory, RedisServer
@@ -311,6 +312,33 @@ async def test_a_tier_arriving_at_the_other_replica_gets_its_floor_there(
     assert len(interactive) == 2
     print(f"floor where its tier arrives: b's chats on the engine {seconds:.2f} s after sending")
     assert seconds < 2.0, f"chats waited {seconds:.2f} s for a's batch"
+
+
+async def test_a_chat_sparser_than_the_peaks_window_starts_at_once_where_chats_come(
+    replicas, engine: FakeEngine, traffic: Traffic
+) -> None:
+    """Given chats reach b seldom (its last one longer ago than the peaks' window, within
+    the presence window) while a's batch holds the whole engine, when b's next chat comes,
+    then it starts at once, as on one replica: the floor chats do not use stays in parts
+    where they came (lent to a's batch, booked on both). Before, it went to a with the
+    borrowers, and b's chat waited for a to give a piece up: 0.12 s."""
+    a, b = await replicas(), await replicas()
+    await both_members(a, b)
+    assert engine.hold is not None
+    first = traffic.chat(b, 1)
+    await in_flight_reaches(engine, 1, 10, "b's first chat on the engine")
+    await renewals_after(b, 2)  # b has reported it
+    engine.hold.set()
+    assert await asyncio.gather(*first) == [200]
+    engine.hold.clear()
+    traffic.batch(a, 2 * SLOTS)
+    await in_flight_reaches(engine, SLOTS, 10, "a's batch fills the engine")
+    await asyncio.sleep(PEAK_WINDOW_SECONDS + 1)  # b's chat is past the peaks' window
+    traffic.chat(b, 1)
+    seconds = await in_flight_reaches(engine, SLOTS + 1, 5, "b's chat on the engine")
+    print(f"sparse chats: b's next chat on the engine {seconds:.3f} s after sending")
+    queued = {"tier": "interactive", "le": "0.005"}
+    assert await metric(b, "kvpool_gateway_queue_seconds_bucket", **queued) == 2
 
 
 async def test_a_replica_that_joins_gets_capacity_only_as_it_is_released(

@@ -215,6 +215,14 @@ def test_a_report_reads_back_as_it_was_written(demand: TierDemand) -> None:
     assert decode_report(json.loads(json.dumps(encode_report(report)))) == report
 
 
+def test_a_presumed_tier_reads_back_presumed_and_reads_as_come_to_a_replica_of_before() -> None:
+    report = Report({"interactive": TierDemand()}, presumed=frozenset({"interactive"}))
+    written = json.loads(json.dumps(encode_report(report)))
+    assert decode_report(written) == report
+    assert Report({"interactive": TierDemand()}) == decode_report({"t": written["t"]})
+    assert decode_report({**written, "p": ["eval", 3]}).presumed == frozenset()  # not reported
+
+
 def test_a_report_of_a_replica_of_before_reads_without_what_is_in_flight() -> None:
     # replicas before the in-flight figures report five a tier (the head request's tokens)
     assert decode_report({"t": {"a": [120, 1, 400, 3, 90]}}) == Report(

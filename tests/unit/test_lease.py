@@ -370,14 +370,61 @@ ALLOCATION_CASES = [
             "c": Report({"interactive": TierDemand(), "batch": demand(A(300, 1))}),
             "d": Report({"batch": demand(A(300, 1))}),
         },
+        # the slots go by the peaks; the tokens they leave go equally where chats came
+        # lately (c too: its last chat is within the presence window), not only where
+        # they peak
         floors={
-            "a": {"interactive": A(581, 3), "batch": A(138, 1), "eval": A(192, 1)},
-            "b": {"interactive": A(340, 1), "batch": A(138, 0), "eval": ZERO},
-            "c": {"interactive": ZERO, "batch": A(138, 0), "eval": ZERO},
+            "a": {"interactive": A(507, 3), "batch": A(138, 1), "eval": A(192, 1)},
+            "b": {"interactive": A(267, 1), "batch": A(138, 0), "eval": ZERO},
+            "c": {"interactive": A(147, 0), "batch": A(138, 0), "eval": ZERO},
             "d": {"interactive": ZERO, "batch": A(138, 1), "eval": ZERO},
         },
-        # c's next chat starts at once on a standby; d, where chats never come, books none
-        standby={"a": {}, "b": {}, "c": {"interactive": A(120, 1)}, "d": {}},
+        # c's next chat starts at once: its tokens on its floor part, its slot on a
+        # standby; d, where chats never come, books none
+        standby={"a": {}, "b": {}, "c": {"interactive": A(0, 1)}, "d": {}},
+    ),
+    AllocationCase(
+        id="chats-sparser-than-the-peaks-keep-their-floor-where-they-come",
+        reports={
+            # a chat every ten seconds or so at each replica: none within the peaks'
+            # window anywhere, each within the presence window (the tier with no demand);
+            # batch waits at a
+            "a": Report({"interactive": TierDemand(), "batch": demand(A(1500, 6))}),
+            "b": Report({"interactive": TierDemand(), "batch": demand(A(100, 1))}),
+            "c": Report({"interactive": TierDemand(), "batch": demand(A(100, 1))}),
+            "d": Report({"interactive": TierDemand(), "batch": demand(A(100, 1))}),
+        },
+        # the floor in equal parts where chats come, so the next one starts at once
+        # wherever it lands. Before, all of it went to a with the borrowers (by total
+        # demand): a held 768 tokens and 3 slots, b, c and d 51 tokens each, too little
+        # for a chat, and a chat there waited for a to give a piece up (0.12 s in
+        # tests/integration/test_gateway_scaleout.py)
+        floors={
+            "a": {"interactive": A(231, 1), "batch": A(252, 1), "eval": A(160, 1)},
+            "b": {"interactive": A(230, 1), "batch": A(100, 0), "eval": ZERO},
+            "c": {"interactive": A(230, 1), "batch": A(100, 0), "eval": ZERO},
+            "d": {"interactive": A(230, 1), "batch": A(100, 1), "eval": ZERO},
+        },
+        standby={"a": {}, "b": {}, "c": {}, "d": {}},
+        # a's batch borrows the idle floor it holds, and b's, c's and d's (booked twice:
+        # the chats that come take it back through the engine's preemption)
+        loans={"a": {"eval": A(32, 0), "interactive": A(647, 1)}, "b": {}, "c": {}, "d": {}},
+    ),
+    AllocationCase(
+        id="a-tier-only-presumed-at-a-new-replica-gets-a-standby-there-not-floor",
+        reports={
+            "a": Report({"interactive": demand(A(230, 1))}),
+            # b has just joined: it presumes chats may come to it too
+            "b": Report({"interactive": TierDemand()}, presumed=frozenset({"interactive"})),
+        },
+        # the floor a's chat does not use stays at a (a floor part at b would be lent to
+        # b's own borrowers and held there, out of reach of a's next chats)
+        floors={
+            "a": {"interactive": A(921, 4), "batch": A(552, 2), "eval": A(192, 1)},
+            "b": {"interactive": ZERO, "batch": ZERO, "eval": ZERO},
+        },
+        shared={"a": A(178, 1), "b": ZERO},
+        standby={"a": {}, "b": {"interactive": A(230, 1)}},
     ),
     AllocationCase(
         id="left-overs-at-two-replicas-start-a-request-at-one",
@@ -710,6 +757,17 @@ def test_a_tier_that_arrived_lately_is_reported_with_no_demand() -> None:
     assert report.arrives("interactive") and report.arrives("batch")
     assert not report_of([idle], {}, {}, {}).arrives("interactive")  # never seen: left out
     assert not Report({"interactive": TierDemand()}).active  # presence alone is no demand
+
+
+def test_a_tier_a_new_replica_only_presumes_is_marked_as_such() -> None:
+    idle = TierUsage("interactive", 0, 0, 0, 400, 2, 0, 0, 0, 0, 0, 0)
+    busy = TierUsage("batch", 1, 300, 1, 200, 1, 100, 0, 0, 0, 0, 0)
+    report = report_of([idle, busy], {}, {}, {}, presumed={"interactive", "batch"})
+    assert report.arrives("interactive") and not report.came("interactive")
+    assert report.came("batch")  # it has demand here: it came, whatever was presumed
+    assert report.presumed == {"interactive"}
+    seen = report_of([idle], {}, {}, {}, seen={"interactive"}, presumed={"interactive"})
+    assert seen.came("interactive")  # it did come within the presence window
 
 
 def test_a_floor_lent_to_another_replica_is_not_lendable_at_the_lender_too() -> None:

@@ -18,14 +18,18 @@ from kvpool.domain.admission import AdmissionSnapshot
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Lease, LeasePlan, Report, plan_leases
 from kvpool.domain.lease.model import report_of
-from kvpool.domain.lease.peaks import PEAK_WINDOW_SECONDS, PeakWindow, Presence
+from kvpool.domain.lease.peaks import PRESENCE_WINDOW_SECONDS, PeakWindow, Presence
 from kvpool.domain.routing import CANARY, STABLE, build_track_pool
 
 # for this long after it starts leasing a plan, a replica counts a ``Preempt`` tier that
-# arrives at another replica as arriving here too: it cannot know yet whether the
-# balancer sends it that tier, and without it its first such request has no standby and
-# waits for the others to release a floor piece (two renewals, 50-150 ms)
-JOIN_PRESUMPTION_SECONDS = PEAK_WINDOW_SECONDS
+# came to another replica as arriving here too (marked presumed: a standby, no floor
+# part): it cannot know yet whether the balancer sends it that tier, and without it its
+# first such request has no standby and waits for the others to release a floor piece
+# (two renewals, 50-150 ms). As long as a replica remembers a tier that did come (the
+# presence window): with the peaks' 5 s, a replica that a tenth of four chats a second
+# reach had its first chat after the presumption ended one round in seven
+# (bench/scaleout.py, first chats)
+JOIN_PRESUMPTION_SECONDS = PRESENCE_WINDOW_SECONDS
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,12 @@ class LeasedPlan:
         }
         busy = {k: v for k, v in current.items() if not v.is_zero}
         peaks = self.peaks.observe(now, busy)
-        seen = self.presence.observe(now, busy) | self._presumed(now)
+        seen = self.presence.observe(now, busy)
         counts = {t: Amount(0, n + q) for t, (n, q) in tenants.items() if n + q}
         tenant_peaks = {t: a.slots for t, a in self.tenant_peaks.observe(now, counts).items()}
-        return report_of(snapshot.tiers, peaks, tenants, tenant_peaks, seen)
+        return report_of(
+            snapshot.tiers, peaks, tenants, tenant_peaks, seen, presumed=self._presumed(now)
+        )
 
     def _presumed(self, now: float) -> frozenset[str]:
         """The ``Preempt`` tiers that arrive at another replica, while this replica is new
@@ -91,7 +97,7 @@ class LeasedPlan:
         if now - self.joined >= JOIN_PRESUMPTION_SECONDS:
             return frozenset()
         return frozenset(
-            t for t in self.plan.preempt if any(r.arrives(t) for r in self.table.values())
+            t for t in self.plan.preempt if any(r.came(t) for r in self.table.values())
         )
 
     def in_play(self, report: Report) -> LeasePlan:

@@ -89,7 +89,7 @@ def encode_report(report: Report) -> dict[str, Any]:
             if not d.held.is_zero
         },
         "n": {tenant: [now, peak] for tenant, (now, peak) in report.tenants.items()},
-    }
+    } | ({"p": sorted(report.presumed)} if report.presumed else {})
 
 
 def _int_pairs(raw: Any) -> dict[str, tuple[int, int]]:
@@ -118,7 +118,11 @@ def decode_report(data: Any) -> Report:
             tiers[tier] = TierDemand(
                 Amount(v[0], v[1]), Amount(v[2], v[3]), head_tokens=head, held=in_flight
             )
-    return Report(tiers=tiers, tenants=_int_pairs(data.get("n")))
+    presumed = data.get("p")  # a replica of before marks none (its tiers read as come)
+    marked = {t for t in presumed if isinstance(t, str)} if isinstance(presumed, list) else set()
+    return Report(
+        tiers=tiers, tenants=_int_pairs(data.get("n")), presumed=frozenset(marked & set(tiers))
+    )
 
 
 def _counts(data: Any) -> dict[str, int]:

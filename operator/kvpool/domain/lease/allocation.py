@@ -15,10 +15,11 @@ replica's largest demand of the last few seconds and ``now`` its demand at the r
 1. **Floors where their tier is.** A tier's floor is split max-min fair (:func:`fill`)
    over the replicas' ``now`` demand of that tier, then what is left over their ``peak``
    (so a burst at one replica is served by the floor idle at the others, as on one).
-   What the demand does not need goes in equal parts to the replicas where the tier is
-   present (``peak > 0``), so a new request finds floor at once where that tier arrives;
-   a tier present nowhere has its floor placed where the borrowers are (by total
-   demand), where its lendable part is of use.
+   What the demand does not need goes in equal parts to the replicas where the tier
+   came lately (``peak > 0``, or demand within the longer presence window; not where a
+   replica new to the plan only presumes it), so a new request finds floor at once where
+   that tier arrives, however seldom it comes; a tier that came nowhere has its floor
+   placed where the borrowers are (by total demand), where its lendable part is of use.
 2. **Standbys of ``Preempt`` tiers.** A replica where a ``Preempt`` tier arrives
    (``peak > 0``, or demand within the longer presence window, which the replica reports
    as the tier with no demand; see :mod:`.peaks`) but whose part of its floor has no
@@ -225,6 +226,11 @@ class _Dimension:
             m: {t: self.peak[m][t] > 0 or reports[m].arrives(t) for t in plan.tiers}
             for m in self.members
         }
+        # of them, where it did arrive (not only presumed by a replica new to the plan)
+        self.came = {
+            m: {t: self.peak[m][t] > 0 or reports[m].came(t) for t in plan.tiers}
+            for m in self.members
+        }
         # a tier's tokens are split in whole requests of its largest next request, and its
         # slots in the same order (so a replica's tokens and slots fit the same requests)
         heads = {
@@ -315,7 +321,11 @@ class _Dimension:
             placed[member] += extra
         left = floor - sum(placed.values())
         if left > 0:
-            present = {m: 1 for m in self.members if peaks[m] > 0}
+            # where the tier came within the presence window, not only within the peaks'
+            # window (a tier that comes every ten seconds keeps its floor where it comes),
+            # and not where it is only presumed (a replica new to the plan has a standby
+            # for it: a floor part there would be its own borrowers' and held by them)
+            present = {m: 1 for m in self.members if self.came[m][tier]}
             where = present or {m: sum(self.peak[m].values()) for m in self.members}
             for member, extra in spread(left, where).items():
                 placed[member] += extra

@@ -125,6 +125,9 @@ class Report:
 
     tiers: Mapping[str, TierDemand] = field(default_factory=dict)
     tenants: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (now, peak) requests
+    # of the tiers reported with no demand, those a replica new to the plan only presumes
+    # arrive here (they arrive at another replica; gateway/lease_plans.py)
+    presumed: frozenset[str] = frozenset()
 
     def demand(self, tier: str) -> TierDemand:
         """The tier's demand (none if it did not report the tier)."""
@@ -132,8 +135,12 @@ class Report:
 
     def arrives(self, tier: str) -> bool:
         """Whether ``tier`` had demand here lately (its peak, or a longer presence window:
-        a replica reports such a tier even while it has none)."""
+        a replica reports such a tier even while it has none), or is presumed to."""
         return tier in self.tiers
+
+    def came(self, tier: str) -> bool:
+        """Whether ``tier``'s requests did arrive here lately (not only presumed to)."""
+        return tier in self.tiers and tier not in self.presumed
 
     @property
     def active(self) -> bool:
@@ -304,18 +311,24 @@ def report_of(
     tenants: Mapping[str, tuple[int, int]],
     tenant_peaks: Mapping[str, int],
     seen: Collection[str] = (),
+    presumed: Collection[str] = (),
 ) -> Report:
     """A replica's report from its controller's snapshot: per tier reserved plus queued
     (``now``) and the largest of that over the last seconds (``peaks``, kept by the
     caller); per limited tenant its requests in flight plus queued, and their peak. A
     tier in ``seen`` (it had demand here lately, over a longer window than the peaks) is
-    reported even with no demand, as all zeros: the tier still arrives here."""
+    reported even with no demand, as all zeros: the tier still arrives here; so is a tier
+    in ``presumed`` (a replica new to the plan presumes it arrives), marked as such."""
     out: dict[str, TierDemand] = {}
+    only_presumed: set[str] = set()
     for t in tiers:
         now = Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
         peak = now.max(peaks.get(t.tier, ZERO))
         if now.is_zero and peak.is_zero and t.tier in seen:
             out[t.tier] = TierDemand()
+        elif now.is_zero and peak.is_zero and t.tier in presumed:
+            out[t.tier] = TierDemand()
+            only_presumed.add(t.tier)
         elif not now.is_zero or not peak.is_zero:
             held = Amount(t.in_use_tokens, t.in_use_slots)
             out[t.tier] = TierDemand(now=now, peak=peak, head_tokens=t.head_tokens, held=held)
@@ -326,7 +339,7 @@ def report_of(
     for name, recent in tenant_peaks.items():
         if name not in counts and recent > 0:
             counts[name] = (0, recent)
-    return Report(tiers=out, tenants=counts)
+    return Report(tiers=out, tenants=counts, presumed=frozenset(only_presumed))
 
 
 def held_components(
