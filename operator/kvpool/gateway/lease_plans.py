@@ -18,18 +18,17 @@ from kvpool.domain.admission import AdmissionSnapshot
 from kvpool.domain.admission.amount import Amount
 from kvpool.domain.lease import Lease, LeasePlan, Report, plan_leases
 from kvpool.domain.lease.model import report_of
-from kvpool.domain.lease.peaks import PRESENCE_WINDOW_SECONDS, PeakWindow, Presence
+from kvpool.domain.lease.peaks import PEAK_WINDOW_SECONDS, PeakWindow, Presence
 from kvpool.domain.routing import CANARY, STABLE, build_track_pool
 
 # for this long after it starts leasing a plan, a replica counts a ``Preempt`` tier that
 # came to another replica as arriving here too (marked presumed: a standby, no floor
 # part): it cannot know yet whether the balancer sends it that tier, and without it its
 # first such request has no standby and waits for the others to release a floor piece
-# (two renewals, 50-150 ms). As long as a replica remembers a tier that did come (the
-# presence window): with the peaks' 5 s, a replica that a tenth of four chats a second
-# reach had its first chat after the presumption ended one round in seven
-# (bench/scaleout.py, first chats)
-JOIN_PRESUMPTION_SECONDS = PRESENCE_WINDOW_SECONDS
+# (two renewals, 50-150 ms). Not as long as the presence window: where the balancer
+# never sends the tier, a standby is floor its borrowers cannot use (30 s cost four
+# replicas with chats at one of them 7 % of their output; docs/0008)
+JOIN_PRESUMPTION_SECONDS = PEAK_WINDOW_SECONDS
 
 
 @dataclass(frozen=True)
