@@ -11,6 +11,8 @@ upstream (over a socket to the fake engine, which records what it got and what w
 - The same for a ``Demote`` tenant: the stream refused after it was sent is admitted
   again in the lower tier (its second engine request carries that tier's priority) and
   the client gets one answer, the demoted one.
+- A stream that ends before its gate (its engine refused it, its client left while it
+  waited there) is settled once its verdict comes.
 """
 
 from __future__ import annotations
@@ -218,3 +220,37 @@ async def test_a_stream_whose_engine_failed_before_its_verdict_is_settled_when_i
     assert await redis_usage(redis.url) == 9  # the engine never saw it: settled at 0
     charged = gateway.metrics.render().decode()
     assert 'kvpool_gateway_tenant_tokens_charged_total{tenant="t",window="1m"} 9.0' in charged
+
+
+async def test_a_client_that_leaves_while_its_stream_waits_at_the_gate_is_settled(
+    fake_engine: FakeEngine, redis_server: RedisFactory, gateway_client: Any
+) -> None:
+    """Given a stream sent ahead waits at its gate (the engine has answered its first
+    chunk, the verdict is on its way), when its client leaves, then the engine request is
+    closed and, once the verdict comes, the charge is settled: not left at what was
+    reserved, and not counted as a stream that went through its gate."""
+    redis = redis_server()
+    store = HeldStore(redis.url)
+    client, gateway = await gateway_client(config(fake_engine), store)
+    assert (await stream(client))[0] == 200  # settles at 5 + 10
+    assert await redis_usage(redis.url) == 15
+
+    fake_engine.chunk_delay = 0.2  # the engine would stream for 2 s
+    store.door.clear()
+    leaving = asyncio.create_task(stream(client))
+    await until(lambda: len(fake_engine.received) == 2)  # sent ahead
+    await asyncio.sleep(0.3)  # its first chunk is in: it waits at the gate
+    leaving.cancel()  # the client leaves
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    await until(lambda: fake_engine.cancelled == 1)  # the engine request is closed
+    store.door.set()  # its verdict comes after its end
+    await gateway.tasks.wait(timeout=5)
+
+    metrics = gateway.metrics.render().decode()
+    assert overlap_count(metrics, "overlap") == 0  # it never passed its gate
+    assert overlap_count(metrics, "ended") == 1
+    # settled at what the request's end says (its prompt and what the engine made before
+    # it was closed: 12 here), not left at the 15 tokens its reservation held
+    settled = await redis_usage(redis.url) - 15
+    assert 0 < settled < 15, f"settled at {settled} of the 15 reserved"

@@ -26,8 +26,9 @@ from kvpool.domain.routing import CANARY, STABLE, build_track_pool
 # part): it cannot know yet whether the balancer sends it that tier, and without it its
 # first such request has no standby and waits for the others to release a floor piece
 # (two renewals, 50-150 ms). Not as long as the presence window: where the balancer
-# never sends the tier, a standby is floor its borrowers cannot use (30 s cost four
-# replicas with chats at one of them 7 % of their output; docs/0008)
+# never sends the tier, a standby is floor its borrowers cannot use (with 30 s, four
+# replicas with chats at one of them packed the engine's KV to 57 % against 65 %;
+# bench/results/scaleout-sparse-floor-presume30.json)
 JOIN_PRESUMPTION_SECONDS = PEAK_WINDOW_SECONDS
 
 
