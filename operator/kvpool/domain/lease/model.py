@@ -324,12 +324,12 @@ def report_of(
     for t in tiers:
         now = Amount(t.in_use_tokens + t.queued_tokens, t.in_use_slots + t.queued_slots)
         peak = now.max(peaks.get(t.tier, ZERO))
-        if now.is_zero and peak.is_zero and t.tier in seen:
+        idle = now.is_zero and peak.is_zero
+        if idle and (t.tier in seen or t.tier in presumed):
             out[t.tier] = TierDemand()
-        elif now.is_zero and peak.is_zero and t.tier in presumed:
-            out[t.tier] = TierDemand()
-            only_presumed.add(t.tier)
-        elif not now.is_zero or not peak.is_zero:
+            if t.tier not in seen:
+                only_presumed.add(t.tier)
+        elif not idle:
             held = Amount(t.in_use_tokens, t.in_use_slots)
             out[t.tier] = TierDemand(now=now, peak=peak, head_tokens=t.head_tokens, held=held)
     counts = {
